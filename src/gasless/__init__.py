@@ -1,0 +1,1 @@
+"""gasless: the gasless relaying service for MultiversX."""

@@ -1,0 +1,182 @@
+"""Service settings: validated once, then passed in. No module-level instance.
+
+Sources, highest first: explicit keyword arguments, `GASLESS_*` environment variables, an optional TOML
+file (`GASLESS_CONFIG` or `Settings.load(config_file=...)`), then the network profile's defaults.
+Everything the spec lists as differing between networks comes from the profile.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+
+ProfileName = Literal["mainnet", "devnet", "localnet"]
+KeyEnvironment = Literal["live", "test"]
+HostId = Literal["a", "b"]
+
+LOCALNET_CHAIN_ID = "localnet"
+LOCALNET_PAYMENT_TOKEN = "USDC-c0ffee"
+
+
+@dataclass(frozen=True)
+class NetworkProfile:
+    """What differs between the networks the service can serve (spec: 'Everything that differs')."""
+
+    name: ProfileName
+    chain_id: str
+    payment_token: str
+    key_env: KeyEnvironment
+    api_base_url: str
+    app_origin: str
+    # Contract, pair and wrapper addresses are deployment facts: mainnet/devnet take them from
+    # configuration; localnet derives them from its deterministic genesis.
+    contract_address: str | None = None
+    pair_address: str | None = None
+    wrapper_address: str | None = None
+    default_gateway_urls: tuple[str, ...] = ()
+
+
+PROFILES: dict[str, NetworkProfile] = {
+    "mainnet": NetworkProfile(
+        name="mainnet",
+        chain_id="1",
+        payment_token="USDC-c76f1f",
+        key_env="live",
+        api_base_url="https://api.gasless.example",
+        app_origin="https://app.gasless.example",
+        default_gateway_urls=("https://gateway.multiversx.com",),
+    ),
+    "devnet": NetworkProfile(
+        name="devnet",
+        chain_id="D",
+        payment_token="USDC-350c4e",
+        key_env="test",
+        api_base_url="https://devnet-api.gasless.example",
+        app_origin="https://devnet-app.gasless.example",
+        default_gateway_urls=("https://devnet-gateway.multiversx.com",),
+    ),
+    "localnet": NetworkProfile(
+        name="localnet",
+        chain_id=LOCALNET_CHAIN_ID,
+        payment_token=LOCALNET_PAYMENT_TOKEN,
+        key_env="test",
+        api_base_url="http://127.0.0.1:8080",
+        app_origin="http://127.0.0.1:8080",
+        default_gateway_urls=("http://127.0.0.1:7950",),
+    ),
+}
+
+
+class Settings(BaseSettings):
+    """All configuration of one API host."""
+
+    model_config = SettingsConfigDict(env_prefix="GASLESS_", extra="forbid", frozen=True)
+
+    profile: ProfileName = "localnet"
+    host_id: HostId = "a"
+    # One master secret per environment (live/test); purpose keys are derived from it by HKDF.
+    master_secret: SecretStr | None = None
+    gateway_urls: list[str] = Field(default_factory=list)
+    database_url: str = ""
+    redis_url: str | None = None
+    data_dir: Path = Path("var")
+
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8080, ge=0, le=65535)
+    metrics_port: int = Field(default=9108, ge=0, le=65535)
+
+    # Overrides of the profile (a deployment's own hosts and addresses).
+    chain_id: str | None = None
+    payment_token: str | None = None
+    api_base_url: str | None = None
+    app_origin: str | None = None
+    contract_address: str | None = None
+    pair_address: str | None = None
+    wrapper_address: str | None = None
+
+    docs_url: str = "https://docs.gasless.example"
+    status_url: str = "https://status.gasless.example"
+    site_url: str = "https://gasless.example"
+
+    # Gateway client behaviour.
+    gateway_timeout_ms: int = Field(default=5_000, ge=100, le=120_000)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = os.environ.get("GASLESS_CONFIG")
+        if config_file:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=Path(config_file)))
+        return tuple(sources)
+
+    @classmethod
+    def load(cls, config_file: Path | None = None, **overrides: Any) -> Settings:
+        """Settings from the environment, an optional TOML file, and explicit overrides (which win)."""
+        if config_file is None:
+            return cls(**overrides)
+        if not config_file.is_file():
+            raise ValueError(f"config file not found: {config_file}")
+        file_source = TomlConfigSettingsSource(cls, toml_file=config_file)
+        merged = {**file_source(), **overrides}
+        return cls(**merged)
+
+    @field_validator("gateway_urls", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        # GASLESS_GATEWAY_URLS may be a JSON list or a comma-separated string.
+        if isinstance(value, str) and not value.lstrip().startswith("["):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("gateway_urls")
+    @classmethod
+    def _check_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"gateway URL must be http(s): {url!r}")
+        return [url.rstrip("/") for url in value]
+
+    @model_validator(mode="after")
+    def _check_production_needs(self) -> Settings:
+        if self.profile != "localnet" and self.master_secret is None:
+            raise ValueError(f"profile {self.profile} needs GASLESS_MASTER_SECRET")
+        if self.master_secret is not None and len(self.master_secret.get_secret_value()) < 32:
+            raise ValueError("master secret must be at least 32 characters")
+        return self
+
+    # Derived values: the profile with this deployment's overrides applied.
+    @property
+    def network(self) -> NetworkProfile:
+        base = PROFILES[self.profile]
+        return NetworkProfile(
+            name=base.name,
+            chain_id=self.chain_id or base.chain_id,
+            payment_token=self.payment_token or base.payment_token,
+            key_env=base.key_env,
+            api_base_url=(self.api_base_url or base.api_base_url).rstrip("/"),
+            app_origin=self.app_origin or base.app_origin,
+            contract_address=self.contract_address or base.contract_address,
+            pair_address=self.pair_address or base.pair_address,
+            wrapper_address=self.wrapper_address or base.wrapper_address,
+            default_gateway_urls=base.default_gateway_urls,
+        )
+
+    @property
+    def effective_gateway_urls(self) -> list[str]:
+        return list(self.gateway_urls) or list(self.network.default_gateway_urls)
+
+    @property
+    def effective_database_url(self) -> str:
+        return self.database_url or f"sqlite+aiosqlite:///{(self.data_dir / 'gasless.db').as_posix()}"
