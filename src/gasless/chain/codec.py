@@ -1,0 +1,170 @@
+"""Transactions on the wire (the gateway's JSON) <-> multiversx-sdk `Transaction`, hashes and signing bytes.
+
+The SDK constructor silently replaces falsy values (`gasPrice: 0` becomes 1e9, `version: 0` becomes 2), so
+the wire form is validated strictly here and the raw values are restored after construction: what the
+user signed is what is checked.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from multiversx_sdk import Address, Transaction, TransactionComputer
+
+from gasless.chain.addresses import InvalidAddress, parse_address
+
+_computer = TransactionComputer()
+
+U64_MAX = 2**64 - 1
+U32_MAX = 2**32 - 1
+
+# Wire members as the gateway's `POST /transaction/send` accepts them.
+WIRE_FIELDS = frozenset(
+    {
+        "nonce", "value", "receiver", "sender", "senderUsername", "receiverUsername", "gasPrice", "gasLimit",
+        "data", "signature", "chainID", "version", "options", "guardian", "guardianSignature", "relayer",
+        "relayerSignature",
+    }
+)
+
+
+class WireError(ValueError):
+    """A wire transaction member is missing or malformed."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def _uint(d: dict[str, Any], name: str, *, required: bool, maximum: int = U64_MAX) -> int:
+    value = d.get(name)
+    if value is None:
+        if required:
+            raise WireError(name, "is required")
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise WireError(name, "must be an integer")
+    if value < 0 or value > maximum:
+        raise WireError(name, f"must be between 0 and {maximum}")
+    return value
+
+
+def _decimal(d: dict[str, Any], name: str) -> int:
+    value = d.get(name, "0")
+    if value in (None, ""):
+        return 0
+    if not isinstance(value, str) or not value.isascii() or not value.isdigit():
+        raise WireError(name, "must be a non-negative decimal string")
+    if len(value) > 1 and value[0] == "0":
+        raise WireError(name, "must not have leading zeros")
+    return int(value)
+
+
+def _address(d: dict[str, Any], name: str, *, required: bool) -> Address | None:
+    value = d.get(name)
+    if value in (None, ""):
+        if required:
+            raise WireError(name, "is required")
+        return None
+    if not isinstance(value, str):
+        raise WireError(name, "must be a bech32 address")
+    try:
+        return parse_address(value)
+    except InvalidAddress:
+        raise WireError(name, "is not a valid erd1 bech32 address") from None
+
+
+def _hex(d: dict[str, Any], name: str, *, length: int | None = 64) -> bytes:
+    value = d.get(name)
+    if value in (None, ""):
+        return b""
+    if not isinstance(value, str):
+        raise WireError(name, "must be a hex string")
+    try:
+        raw = bytes.fromhex(value)
+    except ValueError:
+        raise WireError(name, "must be a hex string") from None
+    if length is not None and len(raw) != length:
+        raise WireError(name, f"must be {length} bytes ({length * 2} hex characters)")
+    return raw
+
+
+def _b64(d: dict[str, Any], name: str) -> bytes:
+    value = d.get(name)
+    if value in (None, ""):
+        return b""
+    if not isinstance(value, str):
+        raise WireError(name, "must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise WireError(name, "must be standard base64") from None
+
+
+def tx_from_wire(d: Any, *, allow_unknown: bool = True) -> Transaction:
+    """A Transaction from the gateway's JSON form; WireError names the first bad member."""
+    if not isinstance(d, dict):
+        raise WireError("transaction", "must be a JSON object")
+    if not allow_unknown:
+        unknown = sorted(set(d) - WIRE_FIELDS)
+        if unknown:
+            raise WireError(unknown[0], "is not a transaction member")
+    chain_id = d.get("chainID")
+    if not isinstance(chain_id, str) or not chain_id:
+        raise WireError("chainID", "is required")
+    sender = _address(d, "sender", required=True)
+    receiver = _address(d, "receiver", required=True)
+    assert sender is not None and receiver is not None
+    nonce = _uint(d, "nonce", required=False)
+    gas_price = _uint(d, "gasPrice", required=True)
+    gas_limit = _uint(d, "gasLimit", required=True)
+    version = _uint(d, "version", required=True, maximum=U32_MAX)
+    options = _uint(d, "options", required=False, maximum=U32_MAX)
+    for name in ("senderUsername", "receiverUsername"):
+        if d.get(name) not in (None, ""):
+            _b64(d, name)
+    tx = Transaction(
+        sender=sender,
+        receiver=receiver,
+        gas_limit=gas_limit,
+        chain_id=chain_id,
+        nonce=nonce,
+        value=_decimal(d, "value"),
+        sender_username=_b64(d, "senderUsername").decode("utf-8", "replace"),
+        receiver_username=_b64(d, "receiverUsername").decode("utf-8", "replace"),
+        gas_price=gas_price,
+        data=_b64(d, "data"),
+        version=version,
+        options=options,
+        guardian=_address(d, "guardian", required=False),
+        signature=_hex(d, "signature"),
+        guardian_signature=_hex(d, "guardianSignature"),
+        relayer=_address(d, "relayer", required=False),
+        relayer_signature=_hex(d, "relayerSignature"),
+    )
+    # Undo the SDK's defaulting of falsy values: keep exactly what was sent.
+    tx.gas_price = gas_price
+    tx.version = version
+    tx.options = options
+    tx.nonce = nonce
+    tx.gas_limit = gas_limit
+    return tx
+
+
+def tx_to_wire(tx: Transaction) -> dict[str, Any]:
+    """The gateway JSON form, without empty optional members."""
+    full = tx.to_dictionary()
+    return {k: v for k, v in full.items() if v not in ("", None) or k in ("value",)}
+
+
+def signing_bytes(tx: Transaction) -> bytes:
+    """The bytes sender, relayer and guardian sign (keccak of the JSON when hash-signing)."""
+    return _computer.compute_bytes_for_verifying(tx)
+
+
+def tx_hash(tx: Transaction) -> str:
+    """blake2b-256 over the protobuf form, signatures included: the node's transaction hash."""
+    return _computer.compute_transaction_hash(tx).hex()

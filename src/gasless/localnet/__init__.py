@@ -1,0 +1,1 @@
+"""localnet: a simulated sharded MultiversX network behind the real gateway REST API."""
