@@ -68,3 +68,71 @@ def database_url(request: pytest.FixtureRequest) -> str:
     if request.param == "sqlite":
         return request.getfixturevalue("sqlite_url")
     return request.getfixturevalue("postgres_url")
+
+
+class RunningLocalnet:
+    """A localnet served from its own thread and event loop, so sync clients (the SDK) can call it."""
+
+    def __init__(self, data_dir: Path, round_ms: int, gateways: int) -> None:
+        import threading
+
+        from gasless.localnet.chain import ChainConfig
+        from gasless.localnet.server import Localnet
+        from gasless.settings import LOCALNET_PAYMENT_TOKEN
+
+        self.loop = asyncio.new_event_loop()
+        self.net = Localnet(data_dir=data_dir, payment_token=LOCALNET_PAYMENT_TOKEN,
+                            config=ChainConfig(round_ms=round_ms))
+        ready = threading.Event()
+
+        def serve() -> None:
+            asyncio.set_event_loop(self.loop)
+            self.loop.run_until_complete(self.net.start("127.0.0.1", [0] * gateways))
+            ready.set()
+            self.loop.run_forever()
+
+        self.thread = threading.Thread(target=serve, name="localnet", daemon=True)
+        self.thread.start()
+        if not ready.wait(30):
+            raise RuntimeError("localnet did not start")
+        self.url = self.net.urls[0]
+        self.urls = list(self.net.urls)
+
+    def call(self, fn, *args):  # type: ignore[no-untyped-def]
+        """Run `fn(*args)` on the localnet's loop (for direct state access without races)."""
+        import concurrent.futures
+
+        future: concurrent.futures.Future[object] = concurrent.futures.Future()
+
+        def run() -> None:
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed back to the caller
+                future.set_exception(exc)
+
+        self.loop.call_soon_threadsafe(run)
+        return future.result(10)
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.net.stop(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture
+def localnet(tmp_path: Path) -> Iterator[RunningLocalnet]:
+    """A fresh localnet with 100 ms rounds and one gateway."""
+    net = RunningLocalnet(tmp_path / "localnet", round_ms=100, gateways=1)
+    try:
+        yield net
+    finally:
+        net.close()
+
+
+@pytest.fixture
+def localnet_two_gateways(tmp_path: Path) -> Iterator[RunningLocalnet]:
+    net = RunningLocalnet(tmp_path / "localnet", round_ms=100, gateways=2)
+    try:
+        yield net
+    finally:
+        net.close()

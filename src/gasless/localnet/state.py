@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 from gasless.chain.addresses import shard_of_pubkey
 
@@ -39,21 +42,46 @@ class Account:
 
 
 class WorldState:
-    """All accounts, keyed by public key. An unknown key reads as an empty account that does not exist."""
+    """All accounts, keyed by public key. An unknown key reads as an empty account that does not exist.
+
+    A journal (see `journaled`) records the first-touch copy of every account and contract state written
+    during a dry run (simulation, cost estimation), so the run can be undone exactly.
+    """
 
     def __init__(self) -> None:
         self.accounts: dict[bytes, Account] = {}
+        self._journal: dict[bytes, tuple[Account | None, Any]] | None = None
 
     def exists(self, pubkey: bytes) -> bool:
         return pubkey in self.accounts
 
     def get(self, pubkey: bytes) -> Account:
-        """The account, created empty on first touch (for writes)."""
+        """The account for writing, created empty on first touch."""
         account = self.accounts.get(pubkey)
+        if self._journal is not None and pubkey not in self._journal:
+            self._journal[pubkey] = _journal_copy(account)
         if account is None:
             account = Account(pubkey=pubkey)
             self.accounts[pubkey] = account
         return account
+
+    @contextmanager
+    def journaled(self) -> Iterator[None]:
+        """Everything written inside is undone on exit (for simulation and cost estimation)."""
+        if self._journal is not None:
+            raise RuntimeError("journals do not nest")
+        self._journal = {}
+        try:
+            yield
+        finally:
+            journal, self._journal = self._journal, None
+            for pubkey, (saved, contract_state) in journal.items():
+                if saved is None:
+                    self.accounts.pop(pubkey, None)
+                    continue
+                self.accounts[pubkey] = saved
+                if saved.contract is not None:
+                    saved.contract.state = contract_state
 
     def peek(self, pubkey: bytes) -> Account | None:
         return self.accounts.get(pubkey)
@@ -73,3 +101,12 @@ class WorldState:
         else:
             src.esdt[token] = src.esdt.get(token, 0) - amount
             dst.esdt[token] = dst.esdt.get(token, 0) + amount
+
+
+def _journal_copy(account: Account | None) -> tuple[Account | None, Any]:
+    if account is None:
+        return None, None
+    # The contract object itself is shared; only its state is copied.
+    saved = replace(account, esdt=dict(account.esdt))
+    state = copy.deepcopy(account.contract.state) if account.contract is not None else None
+    return saved, state
