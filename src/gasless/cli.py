@@ -116,3 +116,7 @@ def serve(
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()

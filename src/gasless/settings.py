@@ -7,13 +7,20 @@ Everything the spec lists as differing between networks comes from the profile.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict, TomlConfigSettingsSource
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 ProfileName = Literal["mainnet", "devnet", "localnet"]
 KeyEnvironment = Literal["live", "test"]
@@ -81,7 +88,7 @@ class Settings(BaseSettings):
     host_id: HostId = "a"
     # One master secret per environment (live/test); purpose keys are derived from it by HKDF.
     master_secret: SecretStr | None = None
-    gateway_urls: list[str] = Field(default_factory=list)
+    gateway_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     database_url: str = ""
     redis_url: str | None = None
     data_dir: Path = Path("var")
@@ -136,7 +143,9 @@ class Settings(BaseSettings):
     @classmethod
     def _split_urls(cls, value: Any) -> Any:
         # GASLESS_GATEWAY_URLS may be a JSON list or a comma-separated string.
-        if isinstance(value, str) and not value.lstrip().startswith("["):
+        if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                return json.loads(value)
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 

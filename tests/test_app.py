@@ -1,0 +1,91 @@
+"""The API host's meta routes and start-up path, in process and as a real `gasless up`."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+from fastapi.testclient import TestClient
+
+from gasless.app import create_app
+from gasless.settings import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_health_and_readiness_against_localnet(localnet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    settings = Settings(data_dir=tmp_path, gateway_urls=[localnet.url])
+    with TestClient(create_app(settings)) as client:
+        health = client.get("/healthz")
+        assert health.status_code == 200
+        assert health.json()["status"] == "ok" and health.json()["chainId"] == "localnet"
+        ready = client.get("/readyz")
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["checks"] == {"restore": "ok", "database": "ok", "gateway": "ok"}
+
+
+def test_readiness_is_503_when_no_gateway_answers(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, gateway_urls=[f"http://127.0.0.1:{free_port()}"])
+    with TestClient(create_app(settings)) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["checks"]["gateway"] == "unreachable"
+        assert ready.json()["status"] == "unavailable"
+        assert client.get("/healthz").status_code == 200
+
+
+def test_postgres_database_is_migrated_at_start(postgres_url: str, localnet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    settings = Settings(data_dir=tmp_path, gateway_urls=[localnet.url], database_url=postgres_url)
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/readyz").json()["checks"]["database"] == "ok"
+
+
+def test_gasless_up_starts_the_embedded_default(tmp_path: Path) -> None:
+    api_port, localnet_port = free_port(), free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gasless.cli", "up", "--port", str(api_port), "--localnet-port", str(localnet_port),
+         "--data-dir", str(tmp_path / "var"), "--round-ms", "100"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"},
+    )
+    try:
+        ready = None
+        for _ in range(150):
+            try:
+                ready = requests.get(f"http://127.0.0.1:{api_port}/readyz", timeout=1)
+                if ready.status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.1)
+        assert ready is not None and ready.status_code == 200
+        info = requests.get(f"http://127.0.0.1:{localnet_port}/localnet/info", timeout=2).json()["data"]
+        assert info["chainId"] == "localnet"
+        assert all(Path(r["pem"]).exists() for r in info["relayers"])
+        assert len({r["shard"] for r in info["relayers"]}) == 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, output
+    assert f"http://127.0.0.1:{api_port}" in output
+    assert "relayer-s0-0.pem" in output
+    # A second start reuses the same wallets and secret.
+    assert (tmp_path / "var" / "master-secret").exists()
+
+
+@pytest.mark.parametrize("command", [["--help"], ["up", "--help"], ["localnet", "--help"], ["serve", "--help"]])
+def test_cli_help_everywhere(command: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "gasless.cli", *command], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 0
+    assert "Usage" in result.stdout
