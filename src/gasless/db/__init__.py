@@ -1,0 +1,29 @@
+"""Storage: async engines for SQLite/PostgreSQL, portable column types, Core tables and migrations."""
+
+from __future__ import annotations
+
+from gasless.db.engine import begin_write, create_engine, dialect_insert, ping
+from gasless.db.migrate import current_revision, downgrade, head_revision, is_up_to_date, upgrade
+from gasless.db.tables import metadata, relayer_state_history, relayers, service_meta
+from gasless.db.types import Atto, Hash32, JsonDoc, Micro, UnixMs
+
+__all__ = [
+    "Atto",
+    "Hash32",
+    "JsonDoc",
+    "Micro",
+    "UnixMs",
+    "begin_write",
+    "create_engine",
+    "current_revision",
+    "dialect_insert",
+    "downgrade",
+    "head_revision",
+    "is_up_to_date",
+    "metadata",
+    "ping",
+    "relayer_state_history",
+    "relayers",
+    "service_meta",
+    "upgrade",
+]

@@ -1,0 +1,112 @@
+"""Async engines for SQLite (embedded default) and PostgreSQL, plus readiness ping and upsert helper."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+SQLITE_BUSY_TIMEOUT_MS = 5_000
+# Execution options read by the SQLite "begin" listener (ignored on PostgreSQL).
+BEGIN_MODE_OPTION = "gasless_sqlite_begin"
+PRE_BEGIN_OPTION = "gasless_sqlite_pre_begin"
+
+Bind = AsyncEngine | AsyncConnection | Engine | Connection
+
+
+def create_engine(url: str, *, connect_timeout: float = 10.0, echo: bool = False) -> AsyncEngine:
+    """An AsyncEngine for `sqlite+aiosqlite://` or `postgresql+asyncpg://` URLs."""
+    parsed = make_url(url)
+    if parsed.drivername == "sqlite+aiosqlite":
+        return _create_sqlite_engine(url, connect_timeout=connect_timeout, echo=echo)
+    if parsed.drivername == "postgresql+asyncpg":
+        return create_async_engine(
+            url,
+            echo=echo,
+            pool_pre_ping=True,
+            pool_size=10,
+            max_overflow=10,
+            pool_timeout=30,
+            pool_recycle=1_800,
+            connect_args={"timeout": connect_timeout},
+        )
+    raise ValueError(
+        f"unsupported database URL scheme {parsed.drivername!r}: use sqlite+aiosqlite or postgresql+asyncpg"
+    )
+
+
+def _create_sqlite_engine(url: str, *, connect_timeout: float, echo: bool) -> AsyncEngine:
+    database = make_url(url).database or ""
+    if database and database != ":memory:" and not database.startswith("file:"):
+        Path(database).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_async_engine(url, echo=echo, connect_args={"timeout": connect_timeout})
+    event.listen(engine.sync_engine, "connect", _sqlite_on_connect)
+    event.listen(engine.sync_engine, "begin", _sqlite_on_begin)
+    return engine
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # sqlite3's legacy mode skips BEGIN for SELECT and DDL; SQLAlchemy emits BEGIN itself instead
+    # (see _sqlite_on_begin) so transactions, including DDL in migrations, are real.
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    try:
+        # busy_timeout first: switching to WAL needs a lock another connection may hold.
+        cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+    finally:
+        cursor.close()
+
+
+def _sqlite_on_begin(conn: Connection) -> None:
+    options = conn.get_execution_options()
+    if options.get("isolation_level") == "AUTOCOMMIT":
+        return
+    for statement in options.get(PRE_BEGIN_OPTION, ()):
+        conn.exec_driver_sql(statement)
+    mode = options.get(BEGIN_MODE_OPTION, "DEFERRED")
+    if mode not in ("DEFERRED", "IMMEDIATE", "EXCLUSIVE"):
+        raise ValueError(f"invalid SQLite begin mode {mode!r}")
+    conn.exec_driver_sql(f"BEGIN {mode}")
+
+
+@asynccontextmanager
+async def begin_write(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A transaction meant to write: on SQLite it takes the write lock up front (BEGIN IMMEDIATE)."""
+    async with engine.connect() as conn:
+        if conn.dialect.name == "sqlite":
+            # A deferred transaction that reads then writes can fail with SQLITE_BUSY without waiting;
+            # IMMEDIATE queues writers behind busy_timeout instead.
+            conn = await conn.execution_options(**{BEGIN_MODE_OPTION: "IMMEDIATE"})
+        async with conn.begin():
+            yield conn
+
+
+async def ping(engine: AsyncEngine, timeout: float = 2.0) -> bool:
+    """True when the database answers `SELECT 1` within `timeout` seconds; never raises."""
+    try:
+        async with asyncio.timeout(timeout):
+            async with engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+        return True
+    except Exception:
+        return False
+
+
+def dialect_insert(bind: Bind) -> Callable[..., postgresql.Insert | sqlite.Insert]:
+    """The dialect's `insert` (with ON CONFLICT support) for this engine or connection."""
+    name = bind.dialect.name
+    if name == "postgresql":
+        return postgresql.insert
+    if name == "sqlite":
+        return sqlite.insert
+    raise ValueError(f"no ON CONFLICT insert for dialect {name!r}")

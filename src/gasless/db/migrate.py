@@ -1,0 +1,123 @@
+"""Schema migrations: Alembic driven programmatically (no alembic.ini), safe to run concurrently."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import threading
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Connection, text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from gasless.db.engine import BEGIN_MODE_OPTION, PRE_BEGIN_OPTION, create_engine
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+# Key of the PostgreSQL advisory lock serialising migrators across processes and hosts.
+MIGRATION_LOCK_KEY = int.from_bytes(hashlib.sha256(b"gasless.db.migrate").digest()[:8], "big", signed=True)
+SQLITE_MIGRATION_BUSY_TIMEOUT_MS = 120_000
+
+# Alembic's `context` and `op` are process-wide proxies: two migrations in one process must not interleave.
+_ALEMBIC_LOCK = threading.Lock()
+
+
+def make_config(url: str | None = None) -> Config:
+    """An Alembic Config pointing at the packaged migrations (and at `url`, for tooling)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def head_revision() -> str | None:
+    """The newest revision shipped with this package."""
+    return ScriptDirectory.from_config(make_config()).get_current_head()
+
+
+async def upgrade(url_or_engine: str | AsyncEngine, revision: str = "head") -> None:
+    """Migrate up to `revision` (a no-op when already there); an engine is used only for its URL."""
+    await asyncio.to_thread(_run_exclusive, _url_of(url_or_engine), "upgrade", revision)
+
+
+async def downgrade(url_or_engine: str | AsyncEngine, revision: str = "base") -> None:
+    """Migrate down to `revision` (default: drop everything); an engine is used only for its URL."""
+    await asyncio.to_thread(_run_exclusive, _url_of(url_or_engine), "downgrade", revision)
+
+
+async def current_revision(engine: AsyncEngine) -> str | None:
+    """The revision the database is at, or None when it was never migrated."""
+    async with engine.connect() as conn:
+        return await conn.run_sync(lambda sync: MigrationContext.configure(sync).get_current_revision())
+
+
+async def is_up_to_date(engine: AsyncEngine) -> bool:
+    """True when the database is at the packaged head revision(s)."""
+    heads = await asyncio.to_thread(lambda: ScriptDirectory.from_config(make_config()).get_heads())
+    async with engine.connect() as conn:
+        current = await conn.run_sync(lambda sync: MigrationContext.configure(sync).get_current_heads())
+    return set(current) == set(heads)
+
+
+def _url_of(url_or_engine: str | AsyncEngine) -> str:
+    if isinstance(url_or_engine, AsyncEngine):
+        return url_or_engine.url.render_as_string(hide_password=False)
+    return url_or_engine
+
+
+def _run_exclusive(url: str, action: str, revision: str) -> None:
+    # Runs in a worker thread with its own event loop and engine: Alembic's file loading and module
+    # imports are blocking, and the caller's engine is bound to the caller's loop.
+    with _ALEMBIC_LOCK:
+        asyncio.run(_run_locked(url, action, revision))
+
+
+async def _run_locked(url: str, action: str, revision: str) -> None:
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            if conn.dialect.name == "sqlite":
+                conn = await conn.execution_options(
+                    **{
+                        # BEGIN IMMEDIATE takes the write lock before Alembic reads the version table,
+                        # so a second migrator waits and then finds nothing to do.
+                        BEGIN_MODE_OPTION: "IMMEDIATE",
+                        # Batch migrations rebuild tables (drop + rename); with enforcement on, dropping
+                        # a referenced table fails. The pragma is a no-op inside a transaction: pre-BEGIN.
+                        PRE_BEGIN_OPTION: (
+                            "PRAGMA foreign_keys=OFF",
+                            f"PRAGMA busy_timeout={SQLITE_MIGRATION_BUSY_TIMEOUT_MS}",
+                        ),
+                    }
+                )
+            async with conn.begin():
+                if conn.dialect.name == "postgresql":
+                    # Released at commit; PostgreSQL DDL is transactional, so the whole run is atomic.
+                    lock = text("SELECT pg_advisory_xact_lock(:key)")
+                    await conn.execute(lock, {"key": MIGRATION_LOCK_KEY})
+                await conn.run_sync(_alembic_command, action, revision)
+                if conn.dialect.name == "sqlite":
+                    await _check_sqlite_foreign_keys(conn)
+    finally:
+        await engine.dispose()
+
+
+def _alembic_command(connection: Connection, action: str, revision: str) -> None:
+    config = make_config()
+    config.attributes["connection"] = connection
+    if action == "upgrade":
+        command.upgrade(config, revision)
+    elif action == "downgrade":
+        command.downgrade(config, revision)
+    else:
+        raise ValueError(f"unknown migration action {action!r}")
+
+
+async def _check_sqlite_foreign_keys(conn: AsyncConnection) -> None:
+    violations = (await conn.exec_driver_sql("PRAGMA foreign_key_check")).all()
+    if violations:
+        raise RuntimeError(f"migration left foreign key violations: {violations[:5]}")

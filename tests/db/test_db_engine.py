@@ -1,0 +1,136 @@
+"""Engines: SQLite connection settings, transactions, readiness ping, dialect upserts."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_mock_engine, inspect, select, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gasless.db import begin_write, create_engine, dialect_insert, ping, service_meta
+from gasless.db.migrate import upgrade
+
+
+async def test_sqlite_engine_creates_directory_and_sets_pragmas(tmp_path: Path) -> None:
+    path = tmp_path / "nested" / "deeper" / "gasless.db"
+    engine = create_engine(f"sqlite+aiosqlite:///{path.as_posix()}")
+    try:
+        async with engine.connect() as conn:
+            pragmas = {
+                name: (await conn.exec_driver_sql(f"PRAGMA {name}")).scalar_one()
+                for name in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")
+            }
+    finally:
+        await engine.dispose()
+    assert path.is_file()
+    # synchronous: 1 is NORMAL.
+    assert pragmas == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 1, "busy_timeout": 5000}
+
+
+async def test_rolled_back_transaction_undoes_ddl_and_writes(db_engine: AsyncEngine) -> None:
+    async with db_engine.begin() as conn:
+        await conn.execute(text("CREATE TABLE kept (x INTEGER)"))
+    async with db_engine.connect() as conn:
+        await conn.execute(text("INSERT INTO kept (x) VALUES (1)"))
+        await conn.execute(text("CREATE TABLE dropped (x INTEGER)"))
+        await conn.rollback()
+    async with db_engine.connect() as conn:
+        names = await conn.run_sync(lambda sync: set(inspect(sync).get_table_names()))
+        count = (await conn.execute(text("SELECT count(*) FROM kept"))).scalar_one()
+    assert names == {"kept"}
+    assert count == 0
+
+
+@pytest.mark.parametrize(
+    "url", ["sqlite:///x.db", "mysql+aiomysql://u@h/db", "postgresql://postgres@127.0.0.1/x"]
+)
+def test_create_engine_refuses_other_drivers(url: str) -> None:
+    with pytest.raises(ValueError, match="unsupported database URL"):
+        create_engine(url)
+
+
+async def test_ping_is_true_for_a_live_database(db_engine: AsyncEngine) -> None:
+    assert await ping(db_engine) is True
+
+
+async def test_ping_is_false_when_nothing_listens() -> None:
+    engine = create_engine("postgresql+asyncpg://postgres@127.0.0.1:1/x", connect_timeout=1.0)
+    started = time.monotonic()
+    try:
+        assert await ping(engine, timeout=2.0) is False
+    finally:
+        await engine.dispose()
+    assert time.monotonic() - started < 3.0
+
+
+async def test_ping_is_false_when_the_server_never_answers() -> None:
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    engine = create_engine(f"postgresql+asyncpg://postgres@127.0.0.1:{port}/x", connect_timeout=30.0)
+    started = time.monotonic()
+    try:
+        assert await ping(engine, timeout=0.5) is False
+        elapsed = time.monotonic() - started
+    finally:
+        await engine.dispose()
+        server.close()
+    assert 0.4 <= elapsed < 3.0
+
+
+async def test_dialect_insert_upserts_on_conflict(db_engine: AsyncEngine) -> None:
+    await upgrade(db_engine)
+
+    async def put(value: dict[str, object], at_ms: int) -> None:
+        async with db_engine.begin() as conn:
+            insert = dialect_insert(conn)
+            stmt = insert(service_meta).values(key="genesis", value=value, updated_at_ms=at_ms)
+            stmt = stmt.on_conflict_do_update(
+                index_elements=[service_meta.c.key],
+                set_={"value": stmt.excluded.value, "updated_at_ms": stmt.excluded.updated_at_ms},
+            )
+            await conn.execute(stmt)
+
+    await put({"round": 1}, 1_000)
+    await put({"round": 2}, 2_000)
+    async with db_engine.connect() as conn:
+        rows = (await conn.execute(select(service_meta))).all()
+    assert [tuple(row) for row in rows] == [("genesis", {"round": 2}, 2_000)]
+
+
+def test_dialect_insert_picks_the_dialect() -> None:
+    assert dialect_insert(create_engine("sqlite+aiosqlite:///:memory:")) is sqlite.insert
+    assert dialect_insert(create_engine("postgresql+asyncpg://postgres@127.0.0.1:1/x")) is postgresql.insert
+    with pytest.raises(ValueError, match="no ON CONFLICT insert"):
+        mysql = create_mock_engine("mysql://", executor=lambda *a, **k: None)
+        dialect_insert(mysql)  # type: ignore[arg-type]
+
+
+async def test_sqlite_writers_queue_behind_begin_write(sqlite_url: str) -> None:
+    engine = create_engine(sqlite_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("CREATE TABLE counter (n INTEGER NOT NULL)"))
+            await conn.execute(text("INSERT INTO counter (n) VALUES (0)"))
+
+        async def increment(hold_s: float) -> None:
+            async with begin_write(engine) as conn:
+                n = (await conn.execute(text("SELECT n FROM counter"))).scalar_one()
+                await asyncio.sleep(hold_s)
+                await conn.execute(text("UPDATE counter SET n = :n"), {"n": n + 1})
+
+        first = asyncio.create_task(increment(0.3))
+        await asyncio.sleep(0.05)
+        # The read-modify-write of the second writer must wait for the first to commit, not lose its update.
+        await asyncio.gather(first, increment(0.0))
+        async with engine.connect() as conn:
+            assert (await conn.execute(text("SELECT n FROM counter"))).scalar_one() == 2
+    finally:
+        await engine.dispose()
