@@ -12,6 +12,7 @@ import uvicorn
 
 from gasless.app import create_app
 from gasless.localnet.chain import ChainConfig
+from gasless.localnet.owner import unpause
 from gasless.localnet.server import Localnet
 from gasless.settings import LOCALNET_PAYMENT_TOKEN, Settings
 
@@ -44,6 +45,8 @@ async def start_localnet(options: EmbeddedOptions) -> Localnet:
         config=ChainConfig(round_ms=options.round_ms),
     )
     await localnet.start(options.host, [options.localnet_port])
+    # Deployed paused, like the real contract; the owner unpauses it with a real transaction.
+    await unpause(localnet.urls[0], localnet.genesis.owner, localnet.info["contract"])
     return localnet
 
 

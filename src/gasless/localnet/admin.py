@@ -134,9 +134,9 @@ async def set_pause(request: web.Request) -> web.Response:
     flags = body.get("contract")
     if isinstance(flags, dict) and contract is not None:
         if "paused" in flags:
-            contract.state.pause.paused = bool(flags["paused"])
+            contract.set_paused(bool(flags["paused"]))
         if "depositsPaused" in flags:
-            contract.state.pause.deposits_paused = bool(flags["depositsPaused"])
+            contract.set_deposits_paused(bool(flags["depositsPaused"]))
     if "venue" in body and venue is not None:
         venue.set_paused(bool(body["venue"]))
     return ok(_pause_view(contract, venue))

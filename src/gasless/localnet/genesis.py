@@ -141,6 +141,7 @@ def deploy_contracts(chain: LocalChain, genesis: Genesis) -> None:
     wrapper_account.contract = WrapperContract(owner=owner_pk, wegld_token=genesis.wegld_token)
     wrapper_account.owner = owner_pk
     wrapper_account.balance = WRAPPER_EGLD_RESERVE
+    wrapper_account.contract.sync_locked_egld(WRAPPER_EGLD_RESERVE)
 
     pair_account = world.get(pair.get_public_key())
     pair_account.contract = PairContract(

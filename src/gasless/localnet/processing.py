@@ -398,6 +398,11 @@ class Executor:
                 self.world.move(moved.sender, moved.receiver, moved.token, moved.amount)
                 applied.append(moved)
             child, result = run(to, fn, call_args, pays, parent.gas_available - parent.gas_used, parent.contract)
+            # Execute-on-destination: the callee's transfers take effect when it returns (undone on failure).
+            for moved in child.transfers:
+                self.world.move(moved.sender, moved.receiver, moved.token, moved.amount)
+                applied.append(moved)
+            child.transfers = []
             parent.use_gas(child.gas_used)
             parent.events.extend(child.events)
             child.events = []

@@ -1,0 +1,40 @@
+"""Unsigned contract calls built through multiversx-sdk with the repo's ABI files."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from multiversx_sdk import Address, SmartContractTransactionsFactory, Token, TokenTransfer, Transaction
+from multiversx_sdk import TransactionsFactoryConfig
+from multiversx_sdk.abi import Abi
+
+
+def contract_call(
+    *,
+    abi: Abi,
+    chain_id: str,
+    sender: Address,
+    contract: Address,
+    function: str,
+    arguments: list[Any],
+    gas_limit: int,
+    nonce: int,
+    relayer: Address | None = None,
+    payment_token: str | None = None,
+    payment_amount: int = 0,
+) -> Transaction:
+    """An unsigned call of `function` (with an optional fungible ESDT payment); relayer set before signing."""
+    factory = SmartContractTransactionsFactory(TransactionsFactoryConfig(chain_id=chain_id), abi=abi)
+    transfers = [TokenTransfer(Token(payment_token), payment_amount)] if payment_token and payment_amount else []
+    tx = factory.create_transaction_for_execute(
+        sender=sender,
+        contract=contract,
+        function=function,
+        gas_limit=gas_limit,
+        arguments=arguments,
+        token_transfers=transfers,
+    )
+    tx.nonce = nonce
+    if relayer is not None:
+        tx.relayer = relayer
+    return tx
