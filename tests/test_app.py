@@ -89,3 +89,13 @@ def test_cli_help_everywhere(command: list[str]) -> None:
                             timeout=60)
     assert result.returncode == 0
     assert "Usage" in result.stdout
+
+
+def test_readiness_checks_redis_when_configured(redis_url: str, localnet, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    settings = Settings(data_dir=tmp_path, gateway_urls=[localnet.url], redis_url=redis_url)
+    with TestClient(create_app(settings)) as client:
+        assert client.get("/readyz").json()["checks"]["redis"] == "ok"
+    unreachable = Settings(data_dir=tmp_path, gateway_urls=[localnet.url], redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    with TestClient(create_app(unreachable)) as client:
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["checks"]["redis"] == "unreachable"

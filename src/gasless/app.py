@@ -11,6 +11,7 @@ from typing import Literal
 
 import aiohttp
 import structlog
+from redis.asyncio import Redis
 from fastapi import FastAPI, Response
 from pydantic import BaseModel
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -42,6 +43,7 @@ class HostState:
     boot_epoch_ms: int
     engine: AsyncEngine | None = None
     http: aiohttp.ClientSession | None = None
+    redis: Redis | None = None
     restored: bool = False
     checks: dict[str, str] = field(default_factory=dict)
 
@@ -58,6 +60,13 @@ async def _gateway_answers(state: HostState) -> bool:
     return False
 
 
+async def _redis_answers(redis: Redis) -> bool:
+    try:
+        return bool(await redis.ping())
+    except Exception:  # any connection or protocol error means "not ready"
+        return False
+
+
 def create_app(settings: Settings) -> FastAPI:
     state = HostState(settings=settings, boot_epoch_ms=int(time.time() * 1000))
 
@@ -65,12 +74,16 @@ def create_app(settings: Settings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.engine = create_engine(settings.effective_database_url)
         state.http = aiohttp.ClientSession()
+        if settings.redis_url:
+            state.redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=2)
         try:
             await upgrade(state.engine)
             state.restored = True
             log.info("host ready", host_id=settings.host_id, network=settings.profile)
             yield
         finally:
+            if state.redis is not None:
+                await state.redis.aclose()
             await state.http.close()
             await state.engine.dispose()
 
@@ -108,6 +121,8 @@ def create_app(settings: Settings) -> FastAPI:
             "database": "ok" if state.engine is not None and await ping(state.engine) else "unreachable",
             "gateway": "ok" if state.http is not None and await _gateway_answers(state) else "unreachable",
         }
+        if state.redis is not None:
+            checks["redis"] = "ok" if await _redis_answers(state.redis) else "unreachable"
         ready = all(v == "ok" for v in checks.values())
         if not ready:
             response.status_code = 503
