@@ -125,6 +125,9 @@ def test_cross_shard_runs_source_then_destination_and_finality_one_block_later(l
         ("gas_price_low", "transaction generation failed: insufficient gas price in tx"),
         ("wrong_chain", "transaction generation failed: invalid chain ID"),
         ("bad_relayer_signature", "transaction generation failed: ed25519: invalid signature"),
+        ("version_1_with_options", "transaction generation failed: invalid transaction version"),
+        ("relayer_without_signature", "transaction generation failed: invalid relayed transaction"),
+        ("guardian_on_unguarded", "transaction generation failed: guardian address not expected"),
     ],
 )
 def test_refusals_carry_the_node_error_strings(localnet, case: str, expected: str) -> None:  # type: ignore[no-untyped-def]
@@ -147,6 +150,12 @@ def test_refusals_carry_the_node_error_strings(localnet, case: str, expected: st
         tx.signature = UserSecretKey.generate().sign(computer.compute_bytes_for_signing(tx))
     if case == "bad_relayer_signature":
         tx.relayer_signature = UserSecretKey.generate().sign(computer.compute_bytes_for_signing(tx))
+    if case == "version_1_with_options":
+        tx.version, tx.options = 1, 1
+    if case == "relayer_without_signature":
+        tx.relayer_signature = b""
+    if case == "guardian_on_unguarded":
+        tx.guardian = user_in(localnet, 0).address
     with pytest.raises(NetworkProviderError) as err:
         provider.send_transaction(tx)
     assert error_of(err.value) == expected
