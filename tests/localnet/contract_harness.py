@@ -27,7 +27,7 @@ from gasless.chain.addresses import shard_of_pubkey
 from gasless.localnet.contracts import LOCALNET_WEGLD_TOKEN, BillingContract, PairContract, WrapperContract
 from gasless.localnet.contracts.seed import seed_config
 from gasless.localnet.state import WorldState
-from gasless.localnet.vm import EGLD, CallContext, ContractError, LogEvent, Payment, Transfer
+from gasless.localnet.vm import EGLD, CallContext, Contract, ContractError, LogEvent, Payment, Transfer
 
 USDC = "USDC-c0ffee"
 WEGLD = LOCALNET_WEGLD_TOKEN
@@ -125,8 +125,7 @@ class Chain:
         args: list[bytes] | None = None,
         payments: list[Payment] | None = None,
     ) -> Receipt:
-        target = self.world.get(contract).contract
-        assert target is not None, "no contract at that address"
+        target = self._contract_at(contract)
         payments = payments or []
         for p in payments:
             assert self.balance(caller, p.token) >= p.amount, "the harness only sends what the caller holds"
@@ -140,9 +139,7 @@ class Chain:
             returned = target.call(ctx)
         except ContractError as exc:
             for pk, state in snapshots.items():
-                contract_model = self.world.get(pk).contract
-                assert contract_model is not None
-                contract_model.state = state
+                self._contract_at(pk).state = state
             for p in reversed(payments):
                 self.world.move(contract, caller, p.token, p.amount)
             return Receipt(ok=False, error=exc.message, gas=target.gas_cost(function))
@@ -151,9 +148,14 @@ class Chain:
         self.round += 1
         return Receipt(True, None, returned, ctx.events, ctx.transfers, target.gas_cost(function))
 
+    def _contract_at(self, pubkey: bytes) -> Contract:
+        target = self.world.get(pubkey).contract
+        if target is None:
+            raise LookupError("no contract at that address")
+        return target
+
     def query(self, contract: bytes, function: str, args: list[bytes] | None = None) -> list[bytes]:
-        target = self.world.get(contract).contract
-        assert target is not None
+        target = self._contract_at(contract)
         return target.query(function, args or [], None, self.now_ms)
 
     def _context(
