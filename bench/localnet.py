@@ -53,9 +53,16 @@ def build_transactions(data_dir: Path, count: int, senders: int, chain_id: str) 
         key = keys[s]
         sender = address_of(key.generate_public_key().buffer)
         relayer_key = relayers[shard_of_pubkey(sender.get_public_key())][0]
-        tx = Transaction(sender=sender, receiver=sender, nonce=nonces[s], chain_id=chain_id, version=2,
-                         gas_limit=100_000, gas_price=10**9,
-                         relayer=address_of(relayer_key.generate_public_key().buffer))
+        tx = Transaction(
+            sender=sender,
+            receiver=sender,
+            nonce=nonces[s],
+            chain_id=chain_id,
+            version=2,
+            gas_limit=100_000,
+            gas_price=10**9,
+            relayer=address_of(relayer_key.generate_public_key().buffer),
+        )
         nonces[s] += 1
         message = computer.compute_bytes_for_signing(tx)
         tx.signature = key.sign(message)
@@ -102,13 +109,19 @@ async def run_load(url: str, wires: list[dict], batch: int, concurrency: int) ->
             while not queue.empty():
                 payload = queue.get_nowait()
                 if len(payload) == 1:  # one transaction per request, as a relayer broadcasts
-                    async with http.post(f"{url}/transaction/send", data=json.dumps(payload[0]),
-                                         headers={"Content-Type": "application/json"}) as resp:
+                    async with http.post(
+                        f"{url}/transaction/send",
+                        data=json.dumps(payload[0]),
+                        headers={"Content-Type": "application/json"},
+                    ) as resp:
                         body = await resp.json()
                         accepted += 1 if body["code"] == "successful" else 0
                     continue
-                async with http.post(f"{url}/transaction/send-multiple", data=json.dumps(payload),
-                                     headers={"Content-Type": "application/json"}) as resp:
+                async with http.post(
+                    f"{url}/transaction/send-multiple",
+                    data=json.dumps(payload),
+                    headers={"Content-Type": "application/json"},
+                ) as resp:
                     body = await resp.json()
                     accepted += body["data"]["numOfSentTxs"]
 
@@ -134,7 +147,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--txs", type=int, default=20_000)
     parser.add_argument("--senders", type=int, default=400)
-    parser.add_argument("--batch", type=int, default=200, help="transactions per send-multiple; 1 = POST /transaction/send each")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=200,
+        help="transactions per send-multiple; 1 = POST /transaction/send each",
+    )
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--round-ms", type=int, default=600)
     args = parser.parse_args()
@@ -143,9 +161,22 @@ def main() -> int:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gasless.cli", "localnet", "--port", str(port), "--data-dir", str(data_dir),
-         "--round-ms", str(args.round_ms)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ},
+        [
+            sys.executable,
+            "-m",
+            "gasless.cli",
+            "localnet",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(data_dir),
+            "--round-ms",
+            str(args.round_ms),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ},
     )
     try:
         asyncio.run(wait_ready(url))
@@ -158,12 +189,18 @@ def main() -> int:
         proc.wait(10)
     accepted_tps = result["accepted"] / result["send_seconds"]
     executed_tps = result["accepted"] / result["total_seconds"]
-    print(f"localnet: {result['accepted']}/{args.txs} accepted, batch {args.batch}, concurrency {args.concurrency}, "
-          f"round {args.round_ms} ms")
+    print(
+        f"localnet: {result['accepted']}/{args.txs} accepted, batch {args.batch}, concurrency {args.concurrency}, "
+        f"round {args.round_ms} ms"
+    )
     print(f"  accepted          {accepted_tps:10.0f} tx/s  ({result['send_seconds']:.2f} s)")
-    print(f"  accepted+executed {executed_tps:10.0f} tx/s  ({result['total_seconds']:.2f} s to the last execution)")
+    print(
+        f"  accepted+executed {executed_tps:10.0f} tx/s  ({result['total_seconds']:.2f} s to the last execution)"
+    )
     print(f"  floor (one core: parse + 2 signature checks + hash in a tight loop) {floor_tps:10.0f} tx/s")
-    print(f"  ratio accepted/floor {accepted_tps / floor_tps:.2f}; executed/floor {executed_tps / floor_tps:.2f}")
+    print(
+        f"  ratio accepted/floor {accepted_tps / floor_tps:.2f}; executed/floor {executed_tps / floor_tps:.2f}"
+    )
     return 0 if result["accepted"] == args.txs else 1
 
 

@@ -33,7 +33,9 @@ async def _pg_exec(url: str, sql: str) -> None:
 def postgres_server_url() -> str:
     url = os.environ.get(POSTGRES_ENV)
     if not url:
-        pytest.skip(f"PostgreSQL suite skipped: {POSTGRES_ENV} not set (no server answered on 127.0.0.1:5432)")
+        pytest.skip(
+            f"PostgreSQL suite skipped: {POSTGRES_ENV} not set (no server answered on 127.0.0.1:5432)"
+        )
     return url
 
 
@@ -81,8 +83,9 @@ class RunningLocalnet:
         from gasless.settings import LOCALNET_PAYMENT_TOKEN
 
         self.loop = asyncio.new_event_loop()
-        self.net = Localnet(data_dir=data_dir, payment_token=LOCALNET_PAYMENT_TOKEN,
-                            config=ChainConfig(round_ms=round_ms))
+        self.net = Localnet(
+            data_dir=data_dir, payment_token=LOCALNET_PAYMENT_TOKEN, config=ChainConfig(round_ms=round_ms)
+        )
         ready = threading.Event()
 
         def serve() -> None:

@@ -54,9 +54,24 @@ def test_postgres_database_is_migrated_at_start(postgres_url: str, localnet, tmp
 def test_gasless_up_starts_the_embedded_default(tmp_path: Path) -> None:
     api_port, localnet_port = free_port(), free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gasless.cli", "up", "--port", str(api_port), "--localnet-port", str(localnet_port),
-         "--data-dir", str(tmp_path / "var"), "--round-ms", "100"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"},
+        [
+            sys.executable,
+            "-m",
+            "gasless.cli",
+            "up",
+            "--port",
+            str(api_port),
+            "--localnet-port",
+            str(localnet_port),
+            "--data-dir",
+            str(tmp_path / "var"),
+            "--round-ms",
+            "100",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
     )
     try:
         ready = None
@@ -83,10 +98,13 @@ def test_gasless_up_starts_the_embedded_default(tmp_path: Path) -> None:
     assert (tmp_path / "var" / "master-secret").exists()
 
 
-@pytest.mark.parametrize("command", [["--help"], ["up", "--help"], ["localnet", "--help"], ["serve", "--help"]])
+@pytest.mark.parametrize(
+    "command", [["--help"], ["up", "--help"], ["localnet", "--help"], ["serve", "--help"]]
+)
 def test_cli_help_everywhere(command: list[str]) -> None:
-    result = subprocess.run([sys.executable, "-m", "gasless.cli", *command], capture_output=True, text=True,
-                            timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "gasless.cli", *command], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0
     assert "Usage" in result.stdout
 
@@ -95,7 +113,9 @@ def test_readiness_checks_redis_when_configured(redis_url: str, localnet, tmp_pa
     settings = Settings(data_dir=tmp_path, gateway_urls=[localnet.url], redis_url=redis_url)
     with TestClient(create_app(settings)) as client:
         assert client.get("/readyz").json()["checks"]["redis"] == "ok"
-    unreachable = Settings(data_dir=tmp_path, gateway_urls=[localnet.url], redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    unreachable = Settings(
+        data_dir=tmp_path, gateway_urls=[localnet.url], redis_url=f"redis://127.0.0.1:{free_port()}/0"
+    )
     with TestClient(create_app(unreachable)) as client:
         ready = client.get("/readyz")
         assert ready.status_code == 503 and ready.json()["checks"]["redis"] == "unreachable"

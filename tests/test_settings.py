@@ -23,10 +23,15 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize(
     "profile, chain_id, token, key_env",
-    [("mainnet", "1", "USDC-c76f1f", "live"), ("devnet", "D", "USDC-350c4e", "test"),
-     ("localnet", "localnet", "USDC-c0ffee", "test")],
+    [
+        ("mainnet", "1", "USDC-c76f1f", "live"),
+        ("devnet", "D", "USDC-350c4e", "test"),
+        ("localnet", "localnet", "USDC-c0ffee", "test"),
+    ],
 )
-def test_profiles_fix_what_differs_between_networks(profile: str, chain_id: str, token: str, key_env: str) -> None:
+def test_profiles_fix_what_differs_between_networks(
+    profile: str, chain_id: str, token: str, key_env: str
+) -> None:
     settings = Settings(profile=profile, master_secret=SECRET)
     assert settings.network.chain_id == chain_id
     assert settings.network.payment_token == token

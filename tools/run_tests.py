@@ -14,7 +14,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
-POSTGRES_URL = os.environ.get("GASLESS_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres")
+POSTGRES_URL = os.environ.get(
+    "GASLESS_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
+)
 REDIS_URL = os.environ.get("GASLESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
@@ -46,6 +48,10 @@ def main() -> int:
         env.pop("GASLESS_TEST_REDIS_URL", None)
         skipped.append("Redis suite SKIPPED: nothing answers on 127.0.0.1:6379")
 
+    lint = subprocess.call([sys.executable, "-m", "ruff", "check", "--quiet", "src", "tests", "bench", "tools"], cwd=ROOT)
+    if lint != 0:
+        print("ruff check failed: fix the findings above (or run `.venv/bin/ruff check --fix`).", flush=True)
+        return lint
     notice = banner(skipped) if skipped else "PostgreSQL and Redis suites: enabled (servers answered)."
     print(notice, flush=True)
     args = [sys.executable, "-m", "pytest", *sys.argv[1:]]

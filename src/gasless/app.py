@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -11,9 +10,9 @@ from typing import Literal
 
 import aiohttp
 import structlog
-from redis.asyncio import Redis
 from fastapi import FastAPI, Response
 from pydantic import BaseModel
+from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless import __version__
@@ -52,10 +51,12 @@ async def _gateway_answers(state: HostState) -> bool:
     assert state.http is not None
     for url in state.settings.effective_gateway_urls:
         try:
-            async with state.http.get(f"{url}/network/config", timeout=aiohttp.ClientTimeout(total=1.5)) as resp:
+            async with state.http.get(
+                f"{url}/network/config", timeout=aiohttp.ClientTimeout(total=1.5)
+            ) as resp:
                 if resp.status == 200:
                     return True
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             continue
     return False
 
@@ -112,8 +113,13 @@ def create_app(settings: Settings) -> FastAPI:
         """Liveness: the process answers."""
         return health("ok", {})
 
-    @app.get("/readyz", operation_id="getReadiness", response_model=Health, tags=["meta"],
-             responses={503: {"model": Health, "description": "not ready (restoring, or a dependency is down)"}})
+    @app.get(
+        "/readyz",
+        operation_id="getReadiness",
+        response_model=Health,
+        tags=["meta"],
+        responses={503: {"model": Health, "description": "not ready (restoring, or a dependency is down)"}},
+    )
     async def readyz(response: Response) -> Health:
         """Readiness: state restored, database and at least one gateway reachable."""
         checks = {

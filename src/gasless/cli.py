@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import signal
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -14,8 +14,9 @@ from rich.table import Table
 
 from gasless.logs import configure_logging
 
-app = typer.Typer(help="gasless: the gasless relaying service for MultiversX.", no_args_is_help=True,
-                  add_completion=False)
+app = typer.Typer(
+    help="gasless: the gasless relaying service for MultiversX.", no_args_is_help=True, add_completion=False
+)
 console = Console(stderr=True)
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="Where wallets, the database and secrets live.")]
@@ -26,7 +27,9 @@ def _print_embedded(settings, localnet) -> None:  # type: ignore[no-untyped-def]
     table.add_column("what")
     table.add_column("where")
     table.add_row("API", settings.network.api_base_url)
-    table.add_row("health", f"{settings.network.api_base_url}/healthz  {settings.network.api_base_url}/readyz")
+    table.add_row(
+        "health", f"{settings.network.api_base_url}/healthz  {settings.network.api_base_url}/readyz"
+    )
     for url in localnet.urls:
         table.add_row("localnet gateway", url)
     table.add_row("localnet admin", f"{localnet.urls[0]}/localnet/info")
@@ -54,7 +57,9 @@ def up(
     from gasless.embedded import EmbeddedOptions, run_embedded
 
     configure_logging(json_lines=False)
-    options = EmbeddedOptions(data_dir=data_dir, api_port=port, localnet_port=localnet_port, round_ms=round_ms)
+    options = EmbeddedOptions(
+        data_dir=data_dir, api_port=port, localnet_port=localnet_port, round_ms=round_ms
+    )
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(run_embedded(options, on_ready=_print_embedded))
 
@@ -74,8 +79,11 @@ def localnet(
     configure_logging(json_lines=False)
 
     async def main() -> None:
-        net = Localnet(data_dir=data_dir / "localnet", payment_token=LOCALNET_PAYMENT_TOKEN,
-                       config=ChainConfig(round_ms=round_ms))
+        net = Localnet(
+            data_dir=data_dir / "localnet",
+            payment_token=LOCALNET_PAYMENT_TOKEN,
+            config=ChainConfig(round_ms=round_ms),
+        )
         urls = await net.start("127.0.0.1", [port + i if port else 0 for i in range(gateways)])
         for url in urls:
             console.print(f"localnet gateway: {url}  (admin: {url}/localnet/info)")
@@ -92,9 +100,9 @@ def localnet(
 
 @app.command()
 def serve(
-    host_id: Annotated[Optional[str], typer.Option("--host-id", help="a or b.")] = None,
-    port: Annotated[Optional[int], typer.Option("--port", help="API port.")] = None,
-    config: Annotated[Optional[Path], typer.Option("--config", help="TOML settings file.")] = None,
+    host_id: Annotated[str | None, typer.Option("--host-id", help="a or b.")] = None,
+    port: Annotated[int | None, typer.Option("--port", help="API port.")] = None,
+    config: Annotated[Path | None, typer.Option("--config", help="TOML settings file.")] = None,
 ) -> None:
     """Run the API alone against the configured gateways and database (GASLESS_* settings)."""
     from gasless.embedded import serve_api

@@ -70,8 +70,12 @@ def embedded_settings(options: EmbeddedOptions, localnet: Localnet) -> Settings:
 
 async def serve_api(settings: Settings, *, log_level: str = "warning") -> None:
     config = uvicorn.Config(
-        create_app(settings), host=settings.api_host, port=settings.api_port, log_level=log_level,
-        access_log=False, lifespan="on",
+        create_app(settings),
+        host=settings.api_host,
+        port=settings.api_port,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
     )
     await uvicorn.Server(config).serve()
 

@@ -9,8 +9,19 @@ import structlog
 
 # Members that must never reach a log line, whatever a caller passes.
 REDACTED_KEYS = frozenset(
-    {"signature", "relayerSignature", "guardianSignature", "secret", "apiKey", "x-api-key", "authorization",
-     "lease", "token", "master_secret", "password"}
+    {
+        "signature",
+        "relayerSignature",
+        "guardianSignature",
+        "secret",
+        "apiKey",
+        "x-api-key",
+        "authorization",
+        "lease",
+        "token",
+        "master_secret",
+        "password",
+    }
 )
 
 
@@ -29,7 +40,9 @@ def configure_logging(*, json_lines: bool, level: str = "INFO") -> None:
         _redact,
     ]
     renderer: structlog.types.Processor = (
-        structlog.processors.JSONRenderer() if json_lines else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        structlog.processors.JSONRenderer()
+        if json_lines
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
     structlog.configure(
         processors=[*processors, renderer],

@@ -6,7 +6,13 @@ import time
 
 import pytest
 import requests
-from multiversx_sdk import AwaitingOptions, ProxyNetworkProvider, Transaction, TransactionComputer, UserSecretKey
+from multiversx_sdk import (
+    AwaitingOptions,
+    ProxyNetworkProvider,
+    Transaction,
+    TransactionComputer,
+    UserSecretKey,
+)
 from multiversx_sdk.network_providers.errors import NetworkProviderError
 
 computer = TransactionComputer()
@@ -27,8 +33,15 @@ def relayers(net):  # type: ignore[no-untyped-def]
 
 
 def signed(sender, relayer, nonce: int, *, guardian=None, gas_limit: int = 100_000):  # type: ignore[no-untyped-def]
-    tx = Transaction(sender=sender.address, receiver=sender.address, nonce=nonce, chain_id="localnet", version=2,
-                     gas_limit=gas_limit, relayer=relayer.address)
+    tx = Transaction(
+        sender=sender.address,
+        receiver=sender.address,
+        nonce=nonce,
+        chain_id="localnet",
+        version=2,
+        gas_limit=gas_limit,
+        relayer=relayer.address,
+    )
     if guardian is not None:
         computer.apply_guardian(tx, guardian.generate_public_key().to_address("erd"))
     message = computer.compute_bytes_for_signing(tx)
@@ -42,7 +55,11 @@ def signed(sender, relayer, nonce: int, *, guardian=None, gas_limit: int = 100_0
 def test_faucet_credits_egld_and_usdc(localnet) -> None:  # type: ignore[no-untyped-def]
     key = UserSecretKey.generate()
     address = key.generate_public_key().to_address("erd").to_bech32()
-    data = post(localnet.url, "/localnet/faucet", {"address": address, "egldAtto": str(10**30 + 7), "usdcMicro": 5_000_000})
+    data = post(
+        localnet.url,
+        "/localnet/faucet",
+        {"address": address, "egldAtto": str(10**30 + 7), "usdcMicro": 5_000_000},
+    )
     assert data["balance"] == str(10**30 + 7) and data["usdcMicro"] == 5_000_000
     esdt = requests.get(f"{localnet.url}/address/{address}/esdt", timeout=5).json()["data"]["esdts"]
     assert esdt["USDC-c0ffee"]["balance"] == "5000000"
@@ -54,8 +71,14 @@ def test_guarded_sender_needs_the_guardian(localnet) -> None:  # type: ignore[no
     provider = ProxyNetworkProvider(localnet.url)
     sender, relayer = users(localnet)[1], relayers(localnet)[1]
     guardian = UserSecretKey.generate()
-    post(localnet.url, "/localnet/guardian", {"address": sender.address.to_bech32(),
-                                              "guardian": guardian.generate_public_key().to_address("erd").to_bech32()})
+    post(
+        localnet.url,
+        "/localnet/guardian",
+        {
+            "address": sender.address.to_bech32(),
+            "guardian": guardian.generate_public_key().to_address("erd").to_bech32(),
+        },
+    )
     assert provider.get_account(sender.address).is_guarded
     with pytest.raises(NetworkProviderError) as err:
         provider.send_transaction(signed(sender, relayer, 0))
@@ -74,8 +97,9 @@ def test_guarded_sender_needs_the_guardian(localnet) -> None:  # type: ignore[no
         provider.send_transaction(tx)
     assert "ed25519: invalid signature when checking the guardian's signature" in str(err.value.data)
     good = signed(sender, relayer, 0, guardian=guardian, gas_limit=150_000)
-    done = provider.await_transaction_completed(provider.send_transaction(good),
-                                                AwaitingOptions(timeout_in_milliseconds=10_000))
+    done = provider.await_transaction_completed(
+        provider.send_transaction(good), AwaitingOptions(timeout_in_milliseconds=10_000)
+    )
     assert done.status.is_successful
 
 
@@ -84,7 +108,9 @@ def test_gateway_faults_latency_errors_and_down(localnet) -> None:  # type: igno
     start = time.perf_counter()
     assert requests.get(f"{localnet.url}/network/config", timeout=5).status_code == 200
     assert time.perf_counter() - start >= 0.3
-    post(localnet.url, "/localnet/faults", {"gateway": {"latencyMs": {}, "errorRate": 1.0, "errorStatus": 502}})
+    post(
+        localnet.url, "/localnet/faults", {"gateway": {"latencyMs": {}, "errorRate": 1.0, "errorStatus": 502}}
+    )
     assert requests.get(f"{localnet.url}/network/config", timeout=5).status_code == 502
     post(localnet.url, "/localnet/faults", {"gateway": {"errorRate": 0.0, "down": True}})
     response = requests.get(f"{localnet.url}/network/config", timeout=5)
@@ -100,12 +126,17 @@ def test_dropped_ack_still_accepts_the_transaction(localnet) -> None:  # type: i
     response = requests.post(f"{localnet.url}/transaction/send", json=tx.to_dictionary(), timeout=5)
     assert response.status_code == 504
     provider = ProxyNetworkProvider(localnet.url)
-    done = provider.await_transaction_completed(computer.compute_transaction_hash(tx),
-                                                AwaitingOptions(timeout_in_milliseconds=10_000))
+    done = provider.await_transaction_completed(
+        computer.compute_transaction_hash(tx), AwaitingOptions(timeout_in_milliseconds=10_000)
+    )
     assert done.status.is_successful
     # Only the next one was dropped.
-    assert requests.post(f"{localnet.url}/transaction/send", json=signed(sender, relayer, 1).to_dictionary(),
-                         timeout=5).status_code == 200
+    assert (
+        requests.post(
+            f"{localnet.url}/transaction/send", json=signed(sender, relayer, 1).to_dictionary(), timeout=5
+        ).status_code
+        == 200
+    )
 
 
 def test_faults_are_per_gateway(localnet_two_gateways) -> None:  # type: ignore[no-untyped-def]
@@ -133,8 +164,9 @@ def test_stalled_shard_holds_transactions_and_clock_offset(localnet) -> None:  #
     assert provider.get_network_status(1).block_nonce > stalled_at
     assert provider.get_transaction_status(computer.compute_transaction_hash(tx)).status == "pending"
     post(localnet.url, "/localnet/faults", {"chain": {"stalledShards": [], "clockOffsetMs": -3_600_000}})
-    done = provider.await_transaction_completed(computer.compute_transaction_hash(tx),
-                                                AwaitingOptions(timeout_in_milliseconds=10_000))
+    done = provider.await_transaction_completed(
+        computer.compute_transaction_hash(tx), AwaitingOptions(timeout_in_milliseconds=10_000)
+    )
     assert done.status.is_successful
     status = provider.get_network_status(1)
     assert status.block_timestamp_ms < time.time() * 1000 - 3_000_000

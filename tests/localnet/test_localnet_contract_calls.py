@@ -33,10 +33,17 @@ def wallets(net, shard: int):  # type: ignore[no-untyped-def]
 def relayed_deposit(net, provider, shard: int, amount: int = DEPOSIT):  # type: ignore[no-untyped-def]
     user, relayer = wallets(net, shard)
     tx = contract_call(
-        abi=load_billing_abi(), chain_id="localnet", sender=user.address,
-        contract=parse_address(net.net.info["contract"]), function="deposit", arguments=[],
-        gas_limit=20_000_000, nonce=provider.get_account(user.address).nonce, relayer=relayer.address,
-        payment_token=USDC, payment_amount=amount,
+        abi=load_billing_abi(),
+        chain_id="localnet",
+        sender=user.address,
+        contract=parse_address(net.net.info["contract"]),
+        function="deposit",
+        arguments=[],
+        gas_limit=20_000_000,
+        nonce=provider.get_account(user.address).nonce,
+        relayer=relayer.address,
+        payment_token=USDC,
+        payment_amount=amount,
     )
     message = computer.compute_bytes_for_signing(tx)
     tx.signature = user.secret_key.sign(message)
@@ -48,8 +55,11 @@ def relayed_deposit(net, provider, shard: int, amount: int = DEPOSIT):  # type: 
 
 def account_view(net, provider, user):  # type: ignore[no-untyped-def]
     contract = parse_address(net.net.info["contract"])
-    response = provider.query_contract(SmartContractQuery(contract=contract, function="getAccount",
-                                                          arguments=[user.address.get_public_key()]))
+    response = provider.query_contract(
+        SmartContractQuery(
+            contract=contract, function="getAccount", arguments=[user.address.get_public_key()]
+        )
+    )
     assert response.return_code == "ok"
     return decode_outputs(load_billing_abi(), "getAccount", response.return_data_parts)[0]
 
@@ -65,7 +75,9 @@ def test_contract_is_deployed_paused_and_refuses_deposits(localnet) -> None:  # 
     user, _, tx = relayed_deposit(localnet, provider, 1)
     assert tx.status.is_failed
     assert tx.raw["status"] == "fail"
-    process = requests.get(f"{localnet.url}/transaction/{tx.hash.hex()}/process-status", timeout=5).json()["data"]
+    process = requests.get(f"{localnet.url}/transaction/{tx.hash.hex()}/process-status", timeout=5).json()[
+        "data"
+    ]
     assert process == {"status": "fail", "reason": "ERR_PAUSED"}
     assert account_view(localnet, provider, user) is None
     # The USDC came back to the sender.
@@ -111,14 +123,24 @@ def test_paused_venue_reverts_the_deposit(unpaused) -> None:  # type: ignore[no-
 def test_owner_only_calls_and_views_through_the_gateway(unpaused) -> None:  # type: ignore[no-untyped-def]
     net = unpaused
     with pytest.raises(OwnerCallFailed, match="ERR_NOT_OWNER"):
-        asyncio.run(owner_call(net.url, net.net.genesis.relayers[0], net.net.info["contract"], "setPaused", [True]))
-    asyncio.run(owner_call(net.url, net.net.genesis.owner, net.net.info["contract"], "setDepositsPaused", [True]))
+        asyncio.run(
+            owner_call(net.url, net.net.genesis.relayers[0], net.net.info["contract"], "setPaused", [True])
+        )
+    asyncio.run(
+        owner_call(net.url, net.net.genesis.owner, net.net.info["contract"], "setDepositsPaused", [True])
+    )
     provider = ProxyNetworkProvider(net.url)
     contract = parse_address(net.net.info["contract"])
-    raw = provider.query_contract(SmartContractQuery(contract=contract, function="getPauseState", arguments=[]))
+    raw = provider.query_contract(
+        SmartContractQuery(contract=contract, function="getPauseState", arguments=[])
+    )
     pause = decode_outputs(load_billing_abi(), "getPauseState", raw.return_data_parts)[0]
     assert (pause.paused, pause.deposits_paused) == (False, True)
-    raw = provider.query_contract(SmartContractQuery(contract=contract, function="getRateClasses", arguments=[]))
+    raw = provider.query_contract(
+        SmartContractQuery(contract=contract, function="getRateClasses", arguments=[])
+    )
     classes = decode_outputs(load_billing_abi(), "getRateClasses", raw.return_data_parts)[0]
     assert [(c.id, c.ru_per_sec, c.ru_burst, c.max_gas_limit, c.ru_per_hour) for c in classes][:2] == [
-        (1, 1, 15, 100_000_000, 300), (2, 5, 25, 600_000_000, 600)]
+        (1, 1, 15, 100_000_000, 300),
+        (2, 5, 25, 600_000_000, 600),
+    ]

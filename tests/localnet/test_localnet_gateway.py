@@ -25,9 +25,17 @@ CHAIN = "localnet"
 def relayed_tx(sender, relayer, receiver: Address, nonce: int, **kw) -> Transaction:  # type: ignore[no-untyped-def]
     data = kw.pop("data", b"")
     tx = Transaction(
-        sender=sender.address, receiver=receiver, nonce=nonce, chain_id=CHAIN, version=2,
-        gas_limit=kw.pop("gas_limit", 50_000 + 50_000 + 1_500 * len(data)), gas_price=kw.pop("gas_price", 10**9),
-        data=data, relayer=relayer.address, value=kw.pop("value", 0), **kw,
+        sender=sender.address,
+        receiver=receiver,
+        nonce=nonce,
+        chain_id=CHAIN,
+        version=2,
+        gas_limit=kw.pop("gas_limit", 50_000 + 50_000 + 1_500 * len(data)),
+        gas_price=kw.pop("gas_price", 10**9),
+        data=data,
+        relayer=relayer.address,
+        value=kw.pop("value", 0),
+        **kw,
     )
     tx.signature = sender.secret_key.sign(computer.compute_bytes_for_signing(tx))
     tx.relayer_signature = relayer.secret_key.sign(computer.compute_bytes_for_signing(tx))
@@ -93,7 +101,9 @@ def test_cross_shard_runs_source_then_destination_and_finality_one_block_later(l
     deadline = time.time() + 10
     raw: dict = {}
     while time.time() < deadline:
-        raw = provider.do_get_generic(f"transaction/{tx_hash}?withResults=true").to_dictionary()["transaction"]
+        raw = provider.do_get_generic(f"transaction/{tx_hash}?withResults=true").to_dictionary()[
+            "transaction"
+        ]
         if raw["notarizedAtSourceInMetaNonce"] and not raw["notarizedAtDestinationInMetaNonce"]:
             seen_pending_executed = True
             assert raw["status"] == "pending"
@@ -121,7 +131,10 @@ def test_cross_shard_runs_source_then_destination_and_finality_one_block_later(l
         ("bad_sender_signature", "transaction generation failed: ed25519: invalid signature"),
         ("relayer_other_shard", "transaction generation failed: shard ID missmatch"),
         ("gas_too_low", "transaction generation failed: insufficient gas limit in tx"),
-        ("nonce_too_high", "transaction generation failed: invalid transaction lowerNonceInTx: false, veryHighNonceInTx: true"),
+        (
+            "nonce_too_high",
+            "transaction generation failed: invalid transaction lowerNonceInTx: false, veryHighNonceInTx: true",
+        ),
         ("gas_price_low", "transaction generation failed: insufficient gas price in tx"),
         ("wrong_chain", "transaction generation failed: invalid chain ID"),
         ("bad_relayer_signature", "transaction generation failed: ed25519: invalid signature"),
@@ -178,8 +191,9 @@ def test_nonce_gap_waits_in_the_pool_and_is_reported(localnet) -> None:  # type:
     assert provider.get_transaction_status(computer.compute_transaction_hash(gapped)).status == "pending"
     for nonce in range(3):
         provider.send_transaction(relayed_tx(sender, relayer, sender.address, nonce))
-    done = provider.await_transaction_completed(computer.compute_transaction_hash(gapped),
-                                                AwaitingOptions(timeout_in_milliseconds=10_000))
+    done = provider.await_transaction_completed(
+        computer.compute_transaction_hash(gapped), AwaitingOptions(timeout_in_milliseconds=10_000)
+    )
     assert done.status.is_successful
     assert provider.get_account(sender.address).nonce == 4
 
@@ -193,10 +207,13 @@ def test_replacement_with_higher_gas_price_wins_the_nonce(localnet) -> None:  # 
     provider.send_transaction(first)
     provider.send_transaction(second)
     localnet.call(lambda: localnet.net.chain.faults.stalled_shards.discard(1))
-    winner = provider.await_transaction_completed(computer.compute_transaction_hash(second),
-                                                  AwaitingOptions(timeout_in_milliseconds=10_000))
+    winner = provider.await_transaction_completed(
+        computer.compute_transaction_hash(second), AwaitingOptions(timeout_in_milliseconds=10_000)
+    )
     assert winner.status.is_successful
-    loser = provider.do_get_generic(f"transaction/{computer.compute_transaction_hash(first).hex()}").to_dictionary()
+    loser = provider.do_get_generic(
+        f"transaction/{computer.compute_transaction_hash(first).hex()}"
+    ).to_dictionary()
     assert loser["transaction"]["status"] == "invalid"
 
 
@@ -204,22 +221,34 @@ def test_plain_transaction_and_insufficient_funds(localnet) -> None:  # type: ig
     provider = ProxyNetworkProvider(localnet.url)
     relayer = relayer_in(localnet, 2)
     other = user_in(localnet, 2)
-    tx = Transaction(sender=relayer.address, receiver=other.address, nonce=0, chain_id=CHAIN, version=2,
-                     gas_limit=50_000, value=10**18)
+    tx = Transaction(
+        sender=relayer.address,
+        receiver=other.address,
+        nonce=0,
+        chain_id=CHAIN,
+        version=2,
+        gas_limit=50_000,
+        value=10**18,
+    )
     tx.signature = relayer.secret_key.sign(computer.compute_bytes_for_signing(tx))
-    done = provider.await_transaction_completed(provider.send_transaction(tx),
-                                                AwaitingOptions(timeout_in_milliseconds=10_000))
+    done = provider.await_transaction_completed(
+        provider.send_transaction(tx), AwaitingOptions(timeout_in_milliseconds=10_000)
+    )
     assert done.status.is_successful
     assert provider.get_account(other.address).balance == 10**18
     # A plain transaction from an account that cannot pay the fee never enters the pool.
     broke = UserSecretKey.generate()
     broke_address = broke.generate_public_key().to_address("erd")
-    bad = Transaction(sender=broke_address, receiver=other.address, nonce=0, chain_id=CHAIN, version=2,
-                      gas_limit=50_000)
+    bad = Transaction(
+        sender=broke_address, receiver=other.address, nonce=0, chain_id=CHAIN, version=2, gas_limit=50_000
+    )
     bad.signature = broke.sign(computer.compute_bytes_for_signing(bad))
     with pytest.raises(NetworkProviderError) as err:
         provider.send_transaction(bad)
-    assert error_of(err.value) == f"transaction generation failed: insufficient funds for address {broke_address.to_bech32()}"
+    assert (
+        error_of(err.value)
+        == f"transaction generation failed: insufficient funds for address {broke_address.to_bech32()}"
+    )
 
 
 def test_send_multiple_skips_invalid_entries(localnet) -> None:  # type: ignore[no-untyped-def]

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from multiversx_sdk import Address, SmartContractTransactionsFactory, Token, TokenTransfer, Transaction
-from multiversx_sdk import TransactionsFactoryConfig
+from multiversx_sdk import (
+    Address,
+    SmartContractTransactionsFactory,
+    Token,
+    TokenTransfer,
+    Transaction,
+    TransactionsFactoryConfig,
+)
 from multiversx_sdk.abi import Abi
 
 
@@ -25,7 +31,9 @@ def contract_call(
 ) -> Transaction:
     """An unsigned call of `function` (with an optional fungible ESDT payment); relayer set before signing."""
     factory = SmartContractTransactionsFactory(TransactionsFactoryConfig(chain_id=chain_id), abi=abi)
-    transfers = [TokenTransfer(Token(payment_token), payment_amount)] if payment_token and payment_amount else []
+    transfers = (
+        [TokenTransfer(Token(payment_token), payment_amount)] if payment_token and payment_amount else []
+    )
     tx = factory.create_transaction_for_execute(
         sender=sender,
         contract=contract,

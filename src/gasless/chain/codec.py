@@ -23,8 +23,22 @@ U32_MAX = 2**32 - 1
 # Wire members as the gateway's `POST /transaction/send` accepts them.
 WIRE_FIELDS = frozenset(
     {
-        "nonce", "value", "receiver", "sender", "senderUsername", "receiverUsername", "gasPrice", "gasLimit",
-        "data", "signature", "chainID", "version", "options", "guardian", "guardianSignature", "relayer",
+        "nonce",
+        "value",
+        "receiver",
+        "sender",
+        "senderUsername",
+        "receiverUsername",
+        "gasPrice",
+        "gasLimit",
+        "data",
+        "signature",
+        "chainID",
+        "version",
+        "options",
+        "guardian",
+        "guardianSignature",
+        "relayer",
         "relayerSignature",
     }
 )

@@ -75,11 +75,15 @@ async def _body(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
     except Exception:
-        raise web.HTTPBadRequest(text=_dumps({"data": None, "error": "invalid JSON body", "code": "bad_request"}),
-                                 content_type="application/json") from None
+        raise web.HTTPBadRequest(
+            text=_dumps({"data": None, "error": "invalid JSON body", "code": "bad_request"}),
+            content_type="application/json",
+        ) from None
     if not isinstance(body, dict):
-        raise web.HTTPBadRequest(text=_dumps({"data": None, "error": "expected an object", "code": "bad_request"}),
-                                 content_type="application/json")
+        raise web.HTTPBadRequest(
+            text=_dumps({"data": None, "error": "expected an object", "code": "bad_request"}),
+            content_type="application/json",
+        )
     return body
 
 
@@ -87,8 +91,10 @@ def _pubkey(value: Any) -> bytes:
     try:
         return parse_address(value).get_public_key()
     except (InvalidAddress, TypeError):
-        raise web.HTTPBadRequest(text=_dumps({"data": None, "error": f"invalid address: {value!r}",
-                                              "code": "bad_request"}), content_type="application/json") from None
+        raise web.HTTPBadRequest(
+            text=_dumps({"data": None, "error": f"invalid address: {value!r}", "code": "bad_request"}),
+            content_type="application/json",
+        ) from None
 
 
 def _amount(body: dict[str, Any], name: str) -> int:
@@ -96,8 +102,12 @@ def _amount(body: dict[str, Any], name: str) -> int:
     if isinstance(value, str) and value.isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise web.HTTPBadRequest(text=_dumps({"data": None, "error": f"{name} must be a non-negative integer",
-                                              "code": "bad_request"}), content_type="application/json")
+        raise web.HTTPBadRequest(
+            text=_dumps(
+                {"data": None, "error": f"{name} must be a non-negative integer", "code": "bad_request"}
+            ),
+            content_type="application/json",
+        )
     return value
 
 
@@ -115,8 +125,13 @@ async def faucet(request: web.Request) -> web.Response:
     token = request.app[INFO_KEY]["paymentToken"]
     if usdc:
         account.esdt[token] = account.esdt.get(token, 0) + usdc
-    return ok({"address": address_of(pubkey).to_bech32(), "balance": str(account.balance),
-               "usdcMicro": account.esdt.get(token, 0)})
+    return ok(
+        {
+            "address": address_of(pubkey).to_bech32(),
+            "balance": str(account.balance),
+            "usdcMicro": account.esdt.get(token, 0),
+        }
+    )
 
 
 def _contract(chain: LocalChain, bech32: str | None) -> Any:
@@ -145,8 +160,10 @@ async def set_pause(request: web.Request) -> web.Response:
 def _pause_view(contract: Any, venue: Any) -> dict[str, Any]:
     view: dict[str, Any] = {}
     if contract is not None:
-        view["contract"] = {"paused": contract.state.pause.paused,
-                            "depositsPaused": contract.state.pause.deposits_paused}
+        view["contract"] = {
+            "paused": contract.state.pause.paused,
+            "depositsPaused": contract.state.pause.deposits_paused,
+        }
     if venue is not None:
         view["venue"] = {"paused": venue.is_paused()}
     return view
@@ -161,7 +178,10 @@ def _faults_view(request: web.Request) -> dict[str, Any]:
     chain = request.app[CHAIN_KEY]
     return {
         "gateway": asdict(request.app[FAULTS_KEY]),
-        "chain": {"stalledShards": sorted(chain.faults.stalled_shards), "clockOffsetMs": chain.faults.clock_offset_ms},
+        "chain": {
+            "stalledShards": sorted(chain.faults.stalled_shards),
+            "clockOffsetMs": chain.faults.clock_offset_ms,
+        },
     }
 
 
@@ -219,7 +239,9 @@ async def set_guardian(request: web.Request) -> web.Response:
         account.guardian = None
     else:
         epoch = body.get("activationEpoch", chain.epoch)
-        account.guardian = Guardian(_pubkey(body["guardian"]), int(epoch), str(body.get("serviceUID", "localnet")))
+        account.guardian = Guardian(
+            _pubkey(body["guardian"]), int(epoch), str(body.get("serviceUID", "localnet"))
+        )
     return ok({"address": address_of(pubkey).to_bech32(), "guarded": account.guardian is not None})
 
 
@@ -227,8 +249,12 @@ async def snapshot(request: web.Request) -> web.Response:
     chain = request.app[CHAIN_KEY]
     accounts = {}
     for pubkey, account in chain.world.accounts.items():
-        entry: dict[str, Any] = {"nonce": account.nonce, "balance": str(account.balance), "shard": account.shard,
-                                 "esdt": {k: str(v) for k, v in account.esdt.items() if v}}
+        entry: dict[str, Any] = {
+            "nonce": account.nonce,
+            "balance": str(account.balance),
+            "shard": account.shard,
+            "esdt": {k: str(v) for k, v in account.esdt.items() if v},
+        }
         if account.guardian is not None:
             entry["guardian"] = address_of(account.guardian.address).to_bech32()
         if account.contract is not None:
@@ -238,9 +264,14 @@ async def snapshot(request: web.Request) -> web.Response:
         {
             "round": chain.round,
             "epoch": chain.epoch,
-            "shards": {str(s): {"nonce": b[-1].nonce, "pool": sum(len(chain.pool[p]) for p in chain.pool_senders[s])}
-                       for s, b in chain.blocks.items()},
-            "metachain": {"nonce": chain.hyperblocks[-1].nonce, "highestFinalNonce": chain.highest_final_hyper()},
+            "shards": {
+                str(s): {"nonce": b[-1].nonce, "pool": sum(len(chain.pool[p]) for p in chain.pool_senders[s])}
+                for s, b in chain.blocks.items()
+            },
+            "metachain": {
+                "nonce": chain.hyperblocks[-1].nonce,
+                "highestFinalNonce": chain.highest_final_hyper(),
+            },
             "accounts": accounts,
             "transactions": len(chain.records),
         }

@@ -69,7 +69,9 @@ class Block:
     tx_hashes: list[str] = field(default_factory=list)
 
     def ref(self, miniblock: str) -> BlockRef:
-        return BlockRef(self.shard, self.nonce, self.hash, self.round, self.epoch, self.timestamp_ms, miniblock)
+        return BlockRef(
+            self.shard, self.nonce, self.hash, self.round, self.epoch, self.timestamp_ms, miniblock
+        )
 
 
 @dataclass
@@ -211,7 +213,12 @@ class LocalChain:
         rules = self.config.rules
         movement = rules.movement_gas_of(tx)
         probe = Transaction.new_from_dictionary(tx.to_dictionary())
-        probe.gas_price, probe.version, probe.options, probe.nonce = tx.gas_price, tx.version, tx.options, tx.nonce
+        probe.gas_price, probe.version, probe.options, probe.nonce = (
+            tx.gas_price,
+            tx.version,
+            tx.options,
+            tx.nonce,
+        )
         probe.gas_limit = rules.max_gas_per_tx
         sender = self.world.peek(tx.sender.get_public_key())
         if sender is not None and probe.nonce < sender.nonce:
@@ -272,9 +279,12 @@ class LocalChain:
                 if status != "success":
                     record.status, record.reason = status, reason
                     record.destination = ref
-                    record.outcome = Outcome(status, gas_used=0 if status == "invalid" else record.tx.gas_limit,
-                                             fee=0 if status == "invalid" else record.initially_paid_fee,
-                                             fail_reason=reason)
+                    record.outcome = Outcome(
+                        status,
+                        gas_used=0 if status == "invalid" else record.tx.gas_limit,
+                        fee=0 if status == "invalid" else record.initially_paid_fee,
+                        fail_reason=reason,
+                    )
                     completed.append(record)
                 elif record.receiver_shard == shard:
                     self._finish(record, ref, ts, r, epoch)
@@ -389,7 +399,10 @@ class LocalChain:
         return self.hyperblocks[-2].nonce if len(self.hyperblocks) > 1 else 0
 
     def is_final(self, record: TxRecord) -> bool:
-        return record.destination_hyper is not None and record.destination_hyper.nonce <= self.highest_final_hyper()
+        return (
+            record.destination_hyper is not None
+            and record.destination_hyper.nonce <= self.highest_final_hyper()
+        )
 
     def pool_of(self, sender_pk: bytes) -> list[TxRecord]:
         return sorted(

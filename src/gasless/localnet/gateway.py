@@ -7,6 +7,7 @@ with `code` `bad_request` (HTTP 400) or `internal_issue` (HTTP 500), as mx-chain
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from typing import Any
 
@@ -368,7 +369,9 @@ def transaction_json(chain: LocalChain, record: TxRecord, *, with_results: bool)
         "miniblockHash": executed.miniblock_hash if executed else "",
         "notarizedAtSourceInMetaNonce": record.source_hyper.nonce if record.source_hyper else 0,
         "NotarizedAtSourceInMetaHash": record.source_hyper.hash if record.source_hyper else "",
-        "notarizedAtDestinationInMetaNonce": record.destination_hyper.nonce if record.destination_hyper else 0,
+        "notarizedAtDestinationInMetaNonce": record.destination_hyper.nonce
+        if record.destination_hyper
+        else 0,
         "notarizedAtDestinationInMetaHash": record.destination_hyper.hash if record.destination_hyper else "",
         "hyperblockNonce": record.destination_hyper.nonce if record.destination_hyper else 0,
         "hyperblockHash": record.destination_hyper.hash if record.destination_hyper else "",
@@ -389,13 +392,21 @@ def transaction_json(chain: LocalChain, record: TxRecord, *, with_results: bool)
         data["guardian"] = tx.guardian.to_bech32()
         data["guardianSignature"] = tx.guardian_signature.hex()
     if record.status in ("fail", "invalid"):
-        data["receipt"] = {"value": "0", "sender": tx.sender.to_bech32(), "data": record.reason, "txHash": record.hash}
+        data["receipt"] = {
+            "value": "0",
+            "sender": tx.sender.to_bech32(),
+            "data": record.reason,
+            "txHash": record.hash,
+        }
     if with_results and outcome is not None:
         data["smartContractResults"] = [
             _scr_json(record, index, result) for index, result in enumerate(outcome.results)
         ]
         if outcome.events:
-            data["logs"] = {"address": tx.sender.to_bech32(), "events": [_event_json(e) for e in outcome.events]}
+            data["logs"] = {
+                "address": tx.sender.to_bech32(),
+                "events": [_event_json(e) for e in outcome.events],
+            }
     return data
 
 
@@ -419,8 +430,6 @@ def _scr_json(record: TxRecord, index: int, result: dict[str, Any]) -> dict[str,
 
 
 def hashes_of(parent: str, index: int) -> str:
-    import hashlib
-
     return hashlib.blake2b(f"{parent}:{index}".encode(), digest_size=32).hexdigest()
 
 
@@ -549,7 +558,12 @@ async def vm_query(request: web.Request) -> web.Response:
         return fail("executeQuery: executeQuery: contract not found", status=400)
     try:
         parts = account.contract.query(function, args, caller, chain.now_ms())
-        data = {"returnData": [_b64(p) for p in parts], "returnCode": "ok", "returnMessage": "", "gasRemaining": 0}
+        data = {
+            "returnData": [_b64(p) for p in parts],
+            "returnCode": "ok",
+            "returnMessage": "",
+            "gasRemaining": 0,
+        }
     except ContractError as exc:
         code = "function not found" if exc.message.startswith("invalid function") else "user error"
         data = {"returnData": [], "returnCode": code, "returnMessage": exc.message, "gasRemaining": 0}

@@ -14,10 +14,10 @@ from multiversx_sdk import Address, AddressComputer, UserPEM, UserSecretKey
 
 from gasless.chain.addresses import NUM_SHARDS, address_of, shard_of_pubkey
 from gasless.localnet.chain import LocalChain
+from gasless.localnet.contracts.venue import LOCALNET_WEGLD_TOKEN
 
 EGLD_UNIT = 10**18
 USDC_UNIT = 10**6
-WEGLD_TOKEN = "WEGLD-c0ffee"
 RELAYERS_PER_SHARD = 2
 RELAYER_FUNDING_ATTO = 1_000 * EGLD_UNIT
 OWNER_FUNDING_ATTO = 100_000 * EGLD_UNIT
@@ -68,8 +68,13 @@ class Genesis:
             "pair": self.pair.to_bech32() if self.pair else None,
             "wrapper": self.wrapper.to_bech32() if self.wrapper else None,
             "gasTank": self.owner.address.to_bech32(),
-            "relayers": [{"address": w.address.to_bech32(), "shard": w.shard, "pem": str(w.path)} for w in self.relayers],
-            "users": [{"address": w.address.to_bech32(), "shard": w.shard, "pem": str(w.path)} for w in self.users],
+            "relayers": [
+                {"address": w.address.to_bech32(), "shard": w.shard, "pem": str(w.path)}
+                for w in self.relayers
+            ],
+            "users": [
+                {"address": w.address.to_bech32(), "shard": w.shard, "pem": str(w.path)} for w in self.users
+            ],
             "ownerPem": str(self.owner.path),
         }
 
@@ -106,7 +111,9 @@ def create_wallets(wallet_dir: Path) -> tuple[Wallet, list[Wallet], list[Wallet]
     return owner, relayers, users
 
 
-def apply_genesis(chain: LocalChain, wallet_dir: Path, payment_token: str, wegld_token: str = WEGLD_TOKEN) -> Genesis:
+def apply_genesis(
+    chain: LocalChain, wallet_dir: Path, payment_token: str, wegld_token: str = LOCALNET_WEGLD_TOKEN
+) -> Genesis:
     """Fund the wallets and deploy the billing contract and the venue (paused billing contract)."""
     owner, relayers, users = create_wallets(wallet_dir)
     world = chain.world
@@ -118,7 +125,9 @@ def apply_genesis(chain: LocalChain, wallet_dir: Path, payment_token: str, wegld
     for user in users:
         world.get(user.address.get_public_key()).esdt[payment_token] = USER_USDC_MICRO
 
-    genesis = Genesis(owner=owner, relayers=relayers, users=users, payment_token=payment_token, wegld_token=wegld_token)
+    genesis = Genesis(
+        owner=owner, relayers=relayers, users=users, payment_token=payment_token, wegld_token=wegld_token
+    )
     deploy_contracts(chain, genesis)
     return genesis
 

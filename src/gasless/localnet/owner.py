@@ -29,15 +29,27 @@ async def _get(http: aiohttp.ClientSession, url: str) -> Any:
 
 
 async def owner_call(
-    gateway: str, owner: Wallet, contract: str, function: str, arguments: list[Any], *, chain_id: str = "localnet",
+    gateway: str,
+    owner: Wallet,
+    contract: str,
+    function: str,
+    arguments: list[Any],
+    *,
+    chain_id: str = "localnet",
     timeout_s: float = 30.0,
 ) -> str:
     """Sign `function(arguments)` with the owner key, send it, and wait until it executed successfully."""
     async with aiohttp.ClientSession() as http:
         nonce = (await _get(http, f"{gateway}/address/{owner.address.to_bech32()}/nonce"))["nonce"]
         tx = contract_call(
-            abi=load_billing_abi(), chain_id=chain_id, sender=owner.address, contract=parse_address(contract),
-            function=function, arguments=arguments, gas_limit=OWNER_CALL_GAS, nonce=nonce,
+            abi=load_billing_abi(),
+            chain_id=chain_id,
+            sender=owner.address,
+            contract=parse_address(contract),
+            function=function,
+            arguments=arguments,
+            gas_limit=OWNER_CALL_GAS,
+            nonce=nonce,
         )
         tx.signature = owner.secret_key.sign(TransactionComputer().compute_bytes_for_signing(tx))
         async with http.post(f"{gateway}/transaction/send", json=tx.to_dictionary()) as resp:

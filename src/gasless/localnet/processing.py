@@ -15,7 +15,7 @@ from multiversx_sdk import Transaction
 from nacl.exceptions import BadSignatureError
 from nacl.signing import VerifyKey
 
-from gasless.chain.addresses import address_of, is_contract_pubkey, shard_of_pubkey
+from gasless.chain.addresses import address_of, shard_of_pubkey
 from gasless.chain.codec import signing_bytes
 from gasless.chain.gas import GasRules, is_guarded, is_hash_signed, is_relayed_v3
 from gasless.localnet.state import WorldState
@@ -136,11 +136,15 @@ def check_state(tx: Transaction, world: WorldState, rules: GasRules, *, epoch: i
         )
     if sender is not None and sender.guardian is not None and sender.guardian.activation_epoch <= epoch:
         if not is_guarded(tx):
-            raise NodeError("transaction is not executable and gas will not be consumed, not allowed to bypass guardian")
+            raise NodeError(
+                "transaction is not executable and gas will not be consumed, not allowed to bypass guardian"
+            )
         if tx.guardian is None or tx.guardian.get_public_key() != sender.guardian.address:
             raise NodeError("mismatch between transaction guardian and configured account guardian")
     elif is_guarded(tx):
-        raise NodeError("transaction is not executable and gas will not be consumed, guarded transaction not expected")
+        raise NodeError(
+            "transaction is not executable and gas will not be consumed, guarded transaction not expected"
+        )
     payer_pk = fee_payer(tx)
     payer = world.peek(payer_pk)
     if payer is None:
@@ -215,7 +219,10 @@ class Executor:
         if payer.balance < fee:
             return "invalid", f"insufficient balance for fees, has: {payer.balance}, wanted: {fee}"
         if is_relayed_v3(tx) and payer.is_guarded:
-            return "invalid", "transaction is not executable and gas will not be consumed, guarded relayer not allowed"
+            return (
+                "invalid",
+                "transaction is not executable and gas will not be consumed, guarded relayer not allowed",
+            )
         payer.balance -= fee
         sender.nonce += 1
         call = parse_call(tx.data)
@@ -312,7 +319,11 @@ class Executor:
                 )
             )
             return Outcome(
-                "fail", gas_used=tx.gas_limit, fee=initially_paid_fee(tx, rules), events=events, fail_reason=failure
+                "fail",
+                gas_used=tx.gas_limit,
+                fee=initially_paid_fee(tx, rules),
+                events=events,
+                fail_reason=failure,
             )
 
         gas_used = movement + used
@@ -371,8 +382,9 @@ class Executor:
         contexts: list[CallContext] = []
         applied: list[Transfer] = []  # nested payments, moved early so the callee can spend them
 
-        def run(to: bytes, fn: str, call_args: list[bytes], pays: list[Payment], gas_left: int,
-                frm: bytes) -> tuple[CallContext, list[bytes]]:
+        def run(
+            to: bytes, fn: str, call_args: list[bytes], pays: list[Payment], gas_left: int, frm: bytes
+        ) -> tuple[CallContext, list[bytes]]:
             account = self.world.get(to)
             target = account.contract
             if target is None:
@@ -380,16 +392,27 @@ class Executor:
             if id(target) not in saved:
                 saved[id(target)] = (target, copy.deepcopy(target.state))
             ctx = CallContext(
-                world=self.world, caller=frm, contract=to, function=fn, args=call_args, payments=pays,
-                block_timestamp_ms=now_ms, block_round=round_, epoch=epoch, gas_available=gas_left,
-                tx_hash=tx_hash, original_caller=original_caller,
+                world=self.world,
+                caller=frm,
+                contract=to,
+                function=fn,
+                args=call_args,
+                payments=pays,
+                block_timestamp_ms=now_ms,
+                block_round=round_,
+                epoch=epoch,
+                gas_available=gas_left,
+                tx_hash=tx_hash,
+                original_caller=original_caller,
             )
             ctx._nested = nested
             contexts.append(ctx)
             ctx.use_gas(target.gas_cost(fn))
             return ctx, target.call(ctx)
 
-        def nested(parent: CallContext, to: bytes, fn: str, call_args: list[bytes], pays: list[Payment]) -> list[bytes]:
+        def nested(
+            parent: CallContext, to: bytes, fn: str, call_args: list[bytes], pays: list[Payment]
+        ) -> list[bytes]:
             for pay in pays:
                 if parent.balance(pay.token) < pay.amount:
                     raise ContractError("insufficient funds")
@@ -397,7 +420,9 @@ class Executor:
                 moved = Transfer(parent.contract, to, pay.token, pay.amount)
                 self.world.move(moved.sender, moved.receiver, moved.token, moved.amount)
                 applied.append(moved)
-            child, result = run(to, fn, call_args, pays, parent.gas_available - parent.gas_used, parent.contract)
+            child, result = run(
+                to, fn, call_args, pays, parent.gas_available - parent.gas_used, parent.contract
+            )
             # Execute-on-destination: the callee's transfers take effect when it returns (undone on failure).
             for moved in child.transfers:
                 self.world.move(moved.sender, moved.receiver, moved.token, moved.amount)
@@ -424,7 +449,3 @@ class Executor:
 
 def _int_bytes(value: int) -> bytes:
     return value.to_bytes((value.bit_length() + 7) // 8, "big") if value else b""
-
-
-def is_contract(pubkey: bytes) -> bool:
-    return is_contract_pubkey(pubkey)

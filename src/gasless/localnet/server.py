@@ -10,7 +10,14 @@ from typing import Any
 
 from aiohttp import web
 
-from gasless.localnet.admin import FAULTS_KEY, INFO_KEY, RNG_KEY, GatewayFaults, add_admin_routes, fault_middleware
+from gasless.localnet.admin import (
+    FAULTS_KEY,
+    INFO_KEY,
+    RNG_KEY,
+    GatewayFaults,
+    add_admin_routes,
+    fault_middleware,
+)
 from gasless.localnet.chain import ChainConfig, LocalChain
 from gasless.localnet.gateway import CHAIN_KEY, add_routes
 from gasless.localnet.genesis import Genesis, apply_genesis

@@ -118,7 +118,12 @@ class CallContext:
     def emit(self, name: str, topics: list[bytes], data: list[bytes] | None = None) -> None:
         """A contract event: topics[0] is the event name, as the VM writes it."""
         self.events.append(
-            LogEvent(address=self.contract, identifier=self.function, topics=[name.encode(), *topics], data=data or [])
+            LogEvent(
+                address=self.contract,
+                identifier=self.function,
+                topics=[name.encode(), *topics],
+                data=data or [],
+            )
         )
 
     def balance(self, token: str) -> int:
