@@ -122,6 +122,20 @@ def serve(
     asyncio.run(serve_api(settings, log_level="info"))
 
 
+@app.command()
+def errors(
+    docs_url: Annotated[str, typer.Option("--docs-url", help="Base of the error reference pages.")] = (
+        "https://docs.gasless.example"
+    ),
+) -> None:
+    """Print the error catalogue as JSON (published as docs/errors.json)."""
+    import json
+
+    from gasless.errors import catalogue_document
+
+    typer.echo(json.dumps(catalogue_document(docs_url), indent=2))
+
+
 def main() -> None:
     app()
 
