@@ -119,3 +119,16 @@ def test_readiness_checks_redis_when_configured(redis_url: str, localnet, tmp_pa
     with TestClient(create_app(unreachable)) as client:
         ready = client.get("/readyz")
         assert ready.status_code == 503 and ready.json()["checks"]["redis"] == "unreachable"
+
+
+def test_unknown_routes_and_methods_are_problem_documents(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path, gateway_urls=[f"http://127.0.0.1:{free_port()}"])
+    with TestClient(create_app(settings)) as client:
+        for response in (client.get("/v1/nothing-here"), client.post("/healthz")):
+            assert response.status_code == 404
+            assert response.headers["content-type"] == "application/problem+json"
+            body = response.json()
+            assert body["code"] == "NOT_FOUND"
+            assert body["type"] == "https://docs.gasless.example/errors/not-found"
+            assert body["instance"] == response.headers["Relay-Request-Id"]
+            assert body["instance"].startswith("req_")

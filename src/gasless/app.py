@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless import __version__
 from gasless.db import create_engine, ping, upgrade
+from gasless.problems import RequestIdMiddleware, install_problem_handlers
 from gasless.settings import Settings
 
 log = structlog.get_logger("gasless.app")
@@ -96,6 +97,8 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
     )
     app.state.host = state
+    app.add_middleware(RequestIdMiddleware)
+    install_problem_handlers(app, settings.docs_url)
 
     def health(status: Literal["ok", "starting", "unavailable"], checks: dict[str, str]) -> Health:
         return Health(

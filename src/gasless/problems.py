@@ -1,0 +1,94 @@
+"""HTTP side of the error catalogue: request ids and the handlers that render every failure as RFC 9457.
+
+Whatever goes wrong in a route ends here: an ApiError as itself, a request that does not match its schema
+as MALFORMED_REQUEST (with `details.field`), an unknown path or method as NOT_FOUND, anything else as
+INTERNAL. No other code builds an error body.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
+from starlette.responses import Response
+
+from gasless.errors import PROBLEM_MEDIA_TYPE, ApiError, problem_document
+
+log = structlog.get_logger("gasless.http")
+REQUEST_ID_HEADER = "Relay-Request-Id"
+
+
+def new_request_id() -> str:
+    return f"req_{secrets.token_hex(12)}"
+
+
+def request_id_of(request: Request) -> str:
+    rid = getattr(request.state, "request_id", None)
+    if rid is None:
+        rid = new_request_id()
+        request.state.request_id = rid
+    return str(rid)
+
+
+class RequestIdMiddleware(BaseHTTPMiddleware):
+    """Every request gets an id: the problem `instance`, the `Relay-Request-Id` header, the log context."""
+
+    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
+        rid = request_id_of(request)
+        structlog.contextvars.bind_contextvars(request_id=rid)
+        try:
+            response = await call_next(request)
+        finally:
+            structlog.contextvars.unbind_contextvars("request_id")
+        response.headers[REQUEST_ID_HEADER] = rid
+        return response
+
+
+def problem_response(request: Request, error: ApiError, docs_url: str) -> JSONResponse:
+    rid = request_id_of(request)
+    body = problem_document(error, docs_url=docs_url, request_id=rid)
+    headers = {**error.headers, REQUEST_ID_HEADER: rid}
+    return JSONResponse(body, status_code=error.status, headers=headers, media_type=PROBLEM_MEDIA_TYPE)
+
+
+def _field_of(exc: RequestValidationError) -> str:
+    errors = exc.errors()
+    if not errors:
+        return ""
+    location = [
+        str(part) for part in errors[0].get("loc", ()) if part not in ("body", "query", "path", "header")
+    ]
+    return ".".join(location)
+
+
+def install_problem_handlers(app: FastAPI, docs_url: str) -> None:
+    @app.exception_handler(ApiError)
+    async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return problem_response(request, exc, docs_url)
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        field = _field_of(exc)
+        message = exc.errors()[0].get("msg", "invalid request") if exc.errors() else "invalid request"
+        error = ApiError(
+            "MALFORMED_REQUEST", detail=f"{field or 'body'}: {message}", details={"field": field}
+        )
+        return problem_response(request, error, docs_url)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 413:
+            return problem_response(request, ApiError("PAYLOAD_TOO_LARGE"), docs_url)
+        if exc.status_code in (404, 405):
+            return problem_response(request, ApiError("NOT_FOUND", detail="no such resource"), docs_url)
+        return problem_response(request, ApiError("MALFORMED_REQUEST", detail=str(exc.detail)), docs_url)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.error("unexpected failure", error_type=type(exc).__name__)
+        return problem_response(request, ApiError("INTERNAL", detail="unexpected failure"), docs_url)
