@@ -116,6 +116,12 @@ class RunningLocalnet:
         self.loop.call_soon_threadsafe(run)
         return future.result(10)
 
+    def __enter__(self) -> RunningLocalnet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         asyncio.run_coroutine_threadsafe(self.net.stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -125,17 +131,11 @@ class RunningLocalnet:
 @pytest.fixture
 def localnet(tmp_path: Path) -> Iterator[RunningLocalnet]:
     """A fresh localnet with 100 ms rounds and one gateway."""
-    net = RunningLocalnet(tmp_path / "localnet", round_ms=100, gateways=1)
-    try:
+    with RunningLocalnet(tmp_path / "localnet", round_ms=100, gateways=1) as net:
         yield net
-    finally:
-        net.close()
 
 
 @pytest.fixture
 def localnet_two_gateways(tmp_path: Path) -> Iterator[RunningLocalnet]:
-    net = RunningLocalnet(tmp_path / "localnet", round_ms=100, gateways=2)
-    try:
+    with RunningLocalnet(tmp_path / "localnet", round_ms=100, gateways=2) as net:
         yield net
-    finally:
-        net.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import secrets
 from dataclasses import dataclass
@@ -91,7 +90,3 @@ async def run_embedded(options: EmbeddedOptions, on_ready: object = None) -> Non
     finally:
         with contextlib.suppress(Exception):
             await localnet.stop()
-
-
-def run(coro: object) -> None:
-    asyncio.run(coro)  # type: ignore[arg-type]

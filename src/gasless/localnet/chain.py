@@ -170,7 +170,7 @@ class LocalChain:
             hash=h,
             tx=tx,
             sender_shard=shard_of_pubkey(sender_pk, self.config.num_shards),
-            receiver_shard=self._shard(tx.receiver.get_public_key(), sender_pk),
+            receiver_shard=self.shard_for(tx.receiver.get_public_key(), sender_pk),
             received_ms=self.now_ms(),
             initially_paid_fee=initially_paid_fee(tx, self.config.rules),
         )
@@ -179,7 +179,7 @@ class LocalChain:
         self.pool_senders[record.sender_shard][sender_pk] = None
         return h
 
-    def _shard(self, pubkey: bytes, sender_pk: bytes) -> int:
+    def shard_for(self, pubkey: bytes, sender_pk: bytes) -> int:
         shard = shard_of_pubkey(pubkey, self.config.num_shards)
         # System addresses (metachain) are served in the sender's shard here.
         return shard_of_pubkey(sender_pk, self.config.num_shards) if shard == METACHAIN else shard

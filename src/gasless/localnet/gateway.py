@@ -131,7 +131,7 @@ def _account_json(chain: LocalChain, pubkey: bytes) -> dict[str, Any]:
 
 
 def _block_info(chain: LocalChain, pubkey: bytes) -> dict[str, Any]:
-    shard = chain._shard(pubkey, pubkey)
+    shard = chain.shard_for(pubkey, pubkey)
     last = chain.blocks[shard][-1]
     return {"nonce": last.nonce, "hash": last.hash, "rootHash": last.hash}
 

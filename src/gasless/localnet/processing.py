@@ -17,7 +17,7 @@ from nacl.signing import VerifyKey
 
 from gasless.chain.addresses import address_of, shard_of_pubkey
 from gasless.chain.codec import signing_bytes
-from gasless.chain.gas import GasRules, is_guarded, is_hash_signed, is_relayed_v3
+from gasless.chain.gas import GasRules, is_guarded, is_relayed_v3
 from gasless.localnet.state import WorldState
 from gasless.localnet.vm import EGLD, CallContext, ContractError, LogEvent, Payment, Transfer
 
@@ -106,8 +106,6 @@ def check_signatures(tx: Transaction) -> None:
     if is_guarded(tx) and tx.guardian is not None:
         if not _verify(tx.guardian.get_public_key(), message, tx.guardian_signature):
             raise NodeError("ed25519: invalid signature when checking the guardian's signature")
-    if is_hash_signed(tx) and tx.version < 2:
-        raise NodeError("transaction signed with hash is not enabled")
 
 
 def fee_payer(tx: Transaction) -> bytes:
