@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import aiohttp
 import structlog
@@ -16,9 +19,26 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless import __version__
+from gasless.auth.native_auth import NativeAuthVerifier
+from gasless.chain.gateway import GatewayClient
+from gasless.chain.network import NetworkView
+from gasless.crypto import PurposeKeys
 from gasless.db import create_engine, ping, upgrade
+from gasless.errors import ApiError
+from gasless.logs import quiet_sdk_loggers
 from gasless.problems import RequestIdMiddleware, install_problem_handlers
+from gasless.relay import routes as relay_routes
+from gasless.relay.assign import AssignService
+from gasless.relay.entitlement import ContractEntitlement, ContractMirror, Entitlement
+from gasless.relay.events import IntentBus
+from gasless.relay.jobs import Broadcaster, Retention, Tracker
+from gasless.relay.leases import LeaseCodec
+from gasless.relay.quote import QuoteService
+from gasless.relay.relayers import RelayerPool
+from gasless.relay.repository import IntentRepository
+from gasless.relay.service import RelayConfig, RelayService
 from gasless.settings import Settings
+from gasless.signer import FencedSigner, PemSigner, Signer
 
 log = structlog.get_logger("gasless.app")
 
@@ -46,6 +66,41 @@ class HostState:
     redis: Redis | None = None
     restored: bool = False
     checks: dict[str, str] = field(default_factory=dict)
+    # The relay core, wired in the lifespan once the network is reachable.
+    gateway: GatewayClient | None = None
+    network: NetworkView | None = None
+    signer: FencedSigner | None = None
+    relayers: RelayerPool | None = None
+    repo: IntentRepository | None = None
+    bus: IntentBus | None = None
+    tracker: Tracker | None = None
+    broadcaster: Broadcaster | None = None
+    retention: Retention | None = None
+    relay_service: RelayService | None = None
+    assign_service: AssignService | None = None
+    quote_service: QuoteService | None = None
+    startup_error: str | None = None
+
+    def _require(self, value: Any) -> Any:
+        if value is None or not self.restored:
+            raise ApiError(
+                "UPSTREAM_UNAVAILABLE",
+                detail="this host is still starting (restoring state, reaching the network); retry shortly",
+                details={"retryAfterMs": 1_000},
+            )
+        return value
+
+    @property
+    def relay(self) -> RelayService:
+        return self._require(self.relay_service)  # type: ignore[no-any-return]
+
+    @property
+    def assign(self) -> AssignService:
+        return self._require(self.assign_service)  # type: ignore[no-any-return]
+
+    @property
+    def quotes(self) -> QuoteService:
+        return self._require(self.quote_service)  # type: ignore[no-any-return]
 
 
 async def _gateway_answers(state: HostState) -> bool:
@@ -69,8 +124,134 @@ async def _redis_answers(redis: Redis) -> bool:
         return False
 
 
-def create_app(settings: Settings) -> FastAPI:
+def purpose_keys(settings: Settings) -> PurposeKeys:
+    secret = settings.master_secret.get_secret_value() if settings.master_secret is not None else None
+    if secret is None:
+        # localnet without a configured secret: leases live as long as the process.
+        secret = secrets.token_urlsafe(48)
+    return PurposeKeys(secret.encode(), settings.key_env, settings.network.chain_id)
+
+
+async def _start_relay_core(
+    state: HostState,
+    settings: Settings,
+    signer_wrapper: Callable[[Signer], Signer] | None,
+    entitlement_factory: Callable[[ContractMirror], Entitlement] | None,
+) -> None:
+    """Reach the network, claim the signer, restore in-flight intents; then the host is ready."""
+    assert state.engine is not None and state.http is not None
+    gateway = GatewayClient(
+        state.http, settings.effective_gateway_urls, timeout_ms=settings.gateway_timeout_ms
+    )
+    network = NetworkView(gateway)
+    while True:
+        try:
+            await network.start()
+            break
+        except Exception as exc:  # gateways down at boot: keep trying, stay not-ready meanwhile
+            state.startup_error = f"network: {type(exc).__name__}"
+            log.warning("network unreachable at start-up; retrying", error=type(exc).__name__)
+            await asyncio.sleep(1.0)
+    state.gateway, state.network = gateway, network
+    inner: Signer = PemSigner.from_files(settings.relayer_key_files)
+    if signer_wrapper is not None:
+        inner = signer_wrapper(inner)
+    signer = FencedSigner(
+        inner,
+        state.engine,
+        signer_id=f"{settings.key_env}:{settings.host_id}",
+        ttl_ms=settings.signer_fence_ttl_ms,
+    )
+    await signer.start()
+    state.signer = signer
+    relayers = RelayerPool(
+        state.engine,
+        gateway,
+        signer.relayers(),
+        min_balance_atto=settings.relayer_min_balance_atto,
+        refresh_ms=settings.relayer_refresh_ms,
+    )
+    await relayers.start()
+    state.relayers = relayers
+    keys = purpose_keys(settings)
+    leases = LeaseCodec(keys)
+    repo = IntentRepository(state.engine)
+    bus = IntentBus()
+    broadcaster = Broadcaster(gateway, repo, bus)
+    tracker = Tracker(gateway, network, repo, bus, broadcaster)
+    mirror = ContractMirror(gateway, settings.network.contract_address)
+    entitlement: Entitlement = (
+        entitlement_factory(mirror)
+        if entitlement_factory is not None
+        else ContractEntitlement(
+            mirror,
+            chain_id=settings.network.chain_id,
+            base_url=settings.network.api_base_url,
+            payment_token=settings.network.payment_token,
+        )
+    )
+    native_auth = NativeAuthVerifier(network.blocks, accepted_origins=settings.effective_native_auth_origins)
+    assign = AssignService(
+        chain_id=settings.network.chain_id,
+        network=network,
+        leases=leases,
+        relayers=relayers,
+        signer=signer,
+        repo=repo,
+        native_auth=native_auth,
+        max_clock_offset_ms=settings.max_clock_offset_ms,
+    )
+    relay = RelayService(
+        RelayConfig(
+            chain_id=settings.network.chain_id,
+            host_id=settings.host_id,
+            docs_url=settings.docs_url,
+            signer_deadline_ms=settings.signer_deadline_ms,
+            simulate=settings.simulate,
+            contract=settings.network.contract_address,
+        ),
+        network=network,
+        gateway=gateway,
+        leases=leases,
+        relayers=relayers,
+        signer=signer,
+        repo=repo,
+        entitlement=entitlement,
+        broadcaster=broadcaster,
+        tracker=tracker,
+        assign=assign,
+    )
+    state.repo, state.bus, state.broadcaster, state.tracker = repo, bus, broadcaster, tracker
+    recovered = await tracker.recover()
+    await tracker.start()
+    retention = Retention(repo)
+    await retention.start()
+    state.retention = retention
+    state.relay_service, state.assign_service = relay, assign
+    state.quote_service = QuoteService(network, mirror)
+    state.startup_error = None
+    state.restored = True
+    log.info("host ready", host_id=settings.host_id, network=settings.profile, recovered=recovered)
+
+
+async def _stop_relay_core(state: HostState) -> None:
+    for part in (state.retention, state.tracker, state.relayers, state.signer, state.network):
+        if part is not None:
+            with contextlib.suppress(Exception):
+                await part.stop()
+    if state.broadcaster is not None:
+        await state.broadcaster.drain(2.0)
+
+
+def create_app(
+    settings: Settings,
+    *,
+    signer_wrapper: Callable[[Signer], Signer] | None = None,
+    entitlement_factory: Callable[[ContractMirror], Entitlement] | None = None,
+) -> FastAPI:
+    """The API host. `signer_wrapper` and `entitlement_factory` replace collaborators (fault tests, KMS)."""
     state = HostState(settings=settings, boot_epoch_ms=int(time.time() * 1000))
+    quiet_sdk_loggers()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -78,12 +259,20 @@ def create_app(settings: Settings) -> FastAPI:
         state.http = aiohttp.ClientSession()
         if settings.redis_url:
             state.redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=2)
+        startup: asyncio.Task[None] | None = None
         try:
             await upgrade(state.engine)
-            state.restored = True
-            log.info("host ready", host_id=settings.host_id, network=settings.profile)
+            # Serve at once (/readyz answers 503) while the relay core restores its state.
+            startup = asyncio.create_task(
+                _start_relay_core(state, settings, signer_wrapper, entitlement_factory), name="startup"
+            )
             yield
         finally:
+            if startup is not None and not startup.done():
+                startup.cancel()
+                with contextlib.suppress(BaseException):
+                    await startup
+            await _stop_relay_core(state)
             if state.redis is not None:
                 await state.redis.aclose()
             await state.http.close()
@@ -99,6 +288,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.host = state
     app.add_middleware(RequestIdMiddleware)
     install_problem_handlers(app, settings.docs_url)
+    app.include_router(relay_routes.router)
 
     def health(status: Literal["ok", "starting", "unavailable"], checks: dict[str, str]) -> Health:
         return Health(
@@ -126,12 +316,20 @@ def create_app(settings: Settings) -> FastAPI:
     async def readyz(response: Response) -> Health:
         """Readiness: state restored, database and at least one gateway reachable."""
         checks = {
-            "restore": "ok" if state.restored else "running",
+            "restore": "ok" if state.restored else (state.startup_error or "running"),
             "database": "ok" if state.engine is not None and await ping(state.engine) else "unreachable",
             "gateway": "ok" if state.http is not None and await _gateway_answers(state) else "unreachable",
         }
         if state.redis is not None:
             checks["redis"] = "ok" if await _redis_answers(state.redis) else "unreachable"
+        if state.restored and state.network is not None and state.signer is not None:
+            offset = state.network.clock_offset_ms()
+            checks["clock"] = (
+                "ok"
+                if offset is not None and abs(offset) <= settings.max_clock_offset_ms
+                else f"offset {offset} ms"
+            )
+            checks["signer"] = "ok" if state.signer.holds else "fenced"
         ready = all(v == "ok" for v in checks.values())
         if not ready:
             response.status_code = 503

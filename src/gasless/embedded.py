@@ -64,6 +64,7 @@ def embedded_settings(options: EmbeddedOptions, localnet: Localnet) -> Settings:
         wrapper_address=info.get("wrapper"),
         api_base_url=f"http://{options.host}:{options.api_port}",
         app_origin=f"http://{options.host}:{options.api_port}",
+        relayer_key_files=[wallet.path for wallet in localnet.genesis.relayers],
     )
 
 

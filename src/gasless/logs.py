@@ -50,3 +50,9 @@ def configure_logging(*, json_lines: bool, level: str = "INFO") -> None:
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
+
+
+def quiet_sdk_loggers() -> None:
+    """multiversx-sdk logs an ERROR for every signature that fails to verify; for a public API that is a
+    log line any client can produce at will, so those failures are reported as problems, not logs."""
+    logging.getLogger("user_keys").setLevel(logging.CRITICAL)

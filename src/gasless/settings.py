@@ -113,6 +113,16 @@ class Settings(BaseSettings):
     # Gateway client behaviour.
     gateway_timeout_ms: int = Field(default=5_000, ge=100, le=120_000)
 
+    # Relay core.
+    relayer_key_files: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+    relayer_min_balance_atto: int = Field(default=50_000_000_000_000_000, ge=0)  # 0.05 EGLD
+    relayer_refresh_ms: int = Field(default=5_000, ge=100)
+    signer_deadline_ms: int = Field(default=250, ge=10, le=10_000)
+    signer_fence_ttl_ms: int = Field(default=10_000, ge=1_000, le=600_000)
+    simulate: Literal["always", "contract_calls", "never"] = "contract_calls"
+    max_clock_offset_ms: int = Field(default=5_000, ge=100)
+    native_auth_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -138,6 +148,15 @@ class Settings(BaseSettings):
         file_source = TomlConfigSettingsSource(cls, toml_file=config_file)
         merged = {**file_source(), **overrides}
         return cls(**merged)
+
+    @field_validator("relayer_key_files", "native_auth_origins", mode="before")
+    @classmethod
+    def _split_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                return json.loads(value)
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @field_validator("gateway_urls", mode="before")
     @classmethod
@@ -189,3 +208,11 @@ class Settings(BaseSettings):
     @property
     def effective_database_url(self) -> str:
         return self.database_url or f"sqlite+aiosqlite:///{(self.data_dir / 'gasless.db').as_posix()}"
+
+    @property
+    def key_env(self) -> str:
+        return self.network.key_env
+
+    @property
+    def effective_native_auth_origins(self) -> list[str]:
+        return list(self.native_auth_origins) or [self.network.app_origin]

@@ -24,7 +24,15 @@ from gasless.db.migrate import (
 )
 from gasless.db.tables import metadata
 
-TABLES = {"relayers", "relayer_state_history", "service_meta"}
+TABLES = {
+    "relayers",
+    "relayer_state_history",
+    "service_meta",
+    "intents",
+    "intent_keys",
+    "rejections",
+    "signer_fences",
+}
 ADDRESS = "erd1qyu5wthldzr8wx5c9ucg8kjagg0jfs53s8nr3zpz3hypefsdd8ssycr6th"
 
 
@@ -47,7 +55,7 @@ def _relayer(**overrides: Any) -> dict[str, Any]:
 
 
 async def test_upgrade_from_empty_reaches_head(db_engine: AsyncEngine, database_url: str) -> None:
-    assert head_revision() == "0001"
+    assert head_revision() == "0002"
     assert await current_revision(db_engine) is None
     assert await is_up_to_date(db_engine) is False
 

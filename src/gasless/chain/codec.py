@@ -11,7 +11,7 @@ import base64
 import binascii
 from typing import Any
 
-from multiversx_sdk import Address, Transaction, TransactionComputer
+from multiversx_sdk import Address, Transaction, TransactionComputer, UserPublicKey
 
 from gasless.chain.addresses import InvalidAddress, parse_address
 
@@ -182,3 +182,13 @@ def signing_bytes(tx: Transaction) -> bytes:
 def tx_hash(tx: Transaction) -> str:
     """blake2b-256 over the protobuf form, signatures included: the node's transaction hash."""
     return _computer.compute_transaction_hash(tx).hex()
+
+
+def verify_ed25519(pubkey: bytes, message: bytes, signature: bytes) -> bool:
+    """A raw Ed25519 check through the SDK's key type; malformed keys or signatures are simply invalid."""
+    if len(signature) != 64 or len(pubkey) != 32:
+        return False
+    try:
+        return bool(UserPublicKey(pubkey).verify(message, signature))
+    except Exception:  # PyNaCl raises on points that are not on the curve
+        return False

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 from gasless.db.engine import begin_write, create_engine, dialect_insert, ping
 from gasless.db.migrate import current_revision, downgrade, head_revision, is_up_to_date, upgrade
-from gasless.db.tables import metadata, relayer_state_history, relayers, service_meta
+from gasless.db.tables import (
+    intent_keys,
+    intents,
+    metadata,
+    rejections,
+    relayer_state_history,
+    relayers,
+    service_meta,
+    signer_fences,
+)
 from gasless.db.types import Atto, Hash32, JsonDoc, Micro, UnixMs
 
 __all__ = [
@@ -22,6 +31,10 @@ __all__ = [
     "is_up_to_date",
     "metadata",
     "ping",
+    "intent_keys",
+    "intents",
+    "rejections",
+    "signer_fences",
     "relayer_state_history",
     "relayers",
     "service_meta",

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 from sqlalchemy import (
+    BigInteger,
     Boolean,
     CheckConstraint,
     Column,
     ForeignKey,
     Index,
+    Integer,
     MetaData,
     SmallInteger,
     String,
     Table,
     Text,
+    UniqueConstraint,
     false,
 )
 
-from gasless.db.types import Atto, BigId, JsonDoc, UnixMs
+from gasless.db.types import Atto, BigId, Hash32, JsonDoc, UnixMs
 
 # Deterministic constraint names keep migrations (and SQLite batch rebuilds) stable.
 NAMING_CONVENTION = {
@@ -67,5 +70,96 @@ service_meta = Table(
     metadata,
     Column("key", String(64), primary_key=True),
     Column("value", JsonDoc, nullable=False),
+    Column("updated_at_ms", UnixMs, nullable=False),
+)
+
+INTENT_STATES = ("COSIGNED", "BROADCAST", "EXECUTED", "FINALIZED", "DEAD")
+_INTENT_STATE_SQL = ", ".join(f"'{state}'" for state in INTENT_STATES)
+
+# One row per co-signed transaction (the commit point writes it). A (sender, nonce) slot can hold a
+# replacement chain: slot_seq 0 is the first intent, each accepted replacement takes the next number, and
+# the unique key makes two racing submissions for the same slot impossible on every host.
+intents = Table(
+    "intents",
+    metadata,
+    Column("pk", BigId, primary_key=True, autoincrement=True),
+    Column("sender", String(62), nullable=False),
+    Column("nonce", BigInteger, nullable=False),
+    Column("slot_seq", SmallInteger, nullable=False),
+    Column("tx_hash", Hash32, nullable=False),
+    Column("bytes_sha256", Hash32, nullable=False),  # SHA-256 of the canonical signing bytes
+    Column("state", String(16), nullable=False),
+    Column("seq", Integer, nullable=False),  # bumps on every change: the per-intent event id
+    Column("sender_shard", SmallInteger, nullable=False),
+    Column("receiver", String(62), nullable=False),
+    Column("relayer", String(62), nullable=False),
+    Column("cross_shard", Boolean, nullable=False),
+    Column("gas_limit", BigInteger, nullable=False),
+    Column("gas_price", BigInteger, nullable=False),
+    Column("value_atto", Atto, nullable=False),
+    Column("lease_kind", String(16), nullable=False),
+    Column("billing", JsonDoc, nullable=False),
+    Column("intent_key", String(128), nullable=True),
+    Column("tx", JsonDoc, nullable=False),  # the co-signed wire transaction, ready to (re)broadcast
+    Column("host_id", String(8), nullable=False),
+    Column("request_id", String(64), nullable=True),
+    Column("received_at_ms", UnixMs, nullable=True),  # null when restored by orphan recovery
+    Column("cosigned_at_ms", UnixMs, nullable=False),
+    Column("broadcast_at_ms", UnixMs, nullable=True),
+    Column("executed_block_ts_ms", UnixMs, nullable=True),
+    Column("finalized_at_ms", UnixMs, nullable=True),
+    Column("outcome", String(16), nullable=True),  # chain status once executed: success | fail
+    Column("dead_reason", Text, nullable=True),
+    Column("replaced_by", Hash32, nullable=True),
+    Column("last_sent_at_ms", UnixMs, nullable=True),
+    Column("send_attempts", Integer, nullable=False, default=0),
+    Column("updated_at_ms", UnixMs, nullable=False),
+    UniqueConstraint("tx_hash"),
+    UniqueConstraint("sender", "nonce", "slot_seq"),
+    UniqueConstraint("sender", "nonce", "bytes_sha256"),
+    CheckConstraint(f"state IN ({_INTENT_STATE_SQL})", name="state"),
+    CheckConstraint("nonce >= 0", name="nonce"),
+)
+Index(None, intents.c.state, intents.c.updated_at_ms)
+Index(None, intents.c.sender, intents.c.state)
+
+# Logical idempotency keys (`Idempotency-Key` / `intentKey`), per sender, kept 86 400 000 ms.
+intent_keys = Table(
+    "intent_keys",
+    metadata,
+    Column("sender", String(62), primary_key=True),
+    Column("key", String(128), primary_key=True),
+    Column("intent_pk", BigId, ForeignKey("intents.pk"), nullable=False),
+    Column("expires_at_ms", UnixMs, nullable=False),
+)
+Index(None, intent_keys.c.expires_at_ms)
+
+# Submissions refused before the commit point (state REJECTED), kept 30 days; nothing was sent.
+rejections = Table(
+    "rejections",
+    metadata,
+    Column("pk", BigId, primary_key=True, autoincrement=True),
+    Column("sender", String(62), nullable=False),
+    Column("nonce", BigInteger, nullable=False),
+    Column("tx_hash", Hash32, nullable=True),
+    Column("code", String(48), nullable=False),
+    Column("status", SmallInteger, nullable=False),
+    Column("detail", Text, nullable=True),
+    Column("host_id", String(8), nullable=False),
+    Column("request_id", String(64), nullable=True),
+    Column("received_at_ms", UnixMs, nullable=False),
+)
+Index(None, rejections.c.sender, rejections.c.nonce)
+Index(None, rejections.c.tx_hash)
+Index(None, rejections.c.received_at_ms)
+
+# Signer fencing: one live holder per signer identity; the token grows on every takeover.
+signer_fences = Table(
+    "signer_fences",
+    metadata,
+    Column("signer_id", String(64), primary_key=True),
+    Column("holder", String(64), nullable=False),
+    Column("token", BigInteger, nullable=False),
+    Column("expires_at_ms", UnixMs, nullable=False),
     Column("updated_at_ms", UnixMs, nullable=False),
 )

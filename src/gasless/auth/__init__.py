@@ -1,0 +1,1 @@
+"""Caller authentication: MultiversX native-auth tokens (`gasless.auth.native_auth`)."""

@@ -1,0 +1,1 @@
+"""Billing: RU schedule, rate classes, entitlement, reservations, usage ledger, settlement."""

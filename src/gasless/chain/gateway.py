@@ -1,0 +1,288 @@
+"""A client for the MultiversX gateway (proxy) REST API over several gateways.
+
+Reads fail over: one gateway being down, slow or answering 5xx must not stall the service, so a read starts at
+the gateway that answered last and moves on to the others. A node's answer (a 4xx, or a 5xx whose envelope
+carries a node message such as `transaction not found`) is final and is never retried elsewhere: another
+gateway onto the same network would say the same.
+
+Sends are different: a transaction is broadcast to every gateway at once (the hash is the same everywhere,
+so duplicates are harmless), and the caller gets the first acknowledgement as soon as any gateway gives it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from gasless.chain.addresses import METACHAIN
+
+SEND_PATH = "/transaction/send"
+
+# 5xx answers whose text comes from the node (proxy `api/errors`, node `transactionAPI`): final answers.
+_NODE_MESSAGE_MARKERS = (
+    "not found",
+    "transaction generation failed",
+    "cannot be retrieved",
+    "executequery",
+)
+# ... unless the text is about the gateway's own plumbing (no observer, proxying failed): try another one.
+_INFRA_MARKERS = ("observer", "sending request error", "gateway", "timeout", "unavailable")
+# 4xx statuses that speak about the gateway (rate limits, its own timeouts), not about the request.
+_RETRYABLE_4XX = frozenset({408, 425, 429})
+
+
+class GatewayUnavailable(Exception):
+    """No gateway gave an answer (all down, 5xx, timed out or answered with something not an envelope)."""
+
+
+class GatewayRejected(Exception):
+    """A gateway answered with an error envelope: the node's verdict, the same on every gateway."""
+
+    def __init__(self, message: str, status: int | None, url: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.url = url
+
+
+@dataclass(frozen=True)
+class SendResult:
+    url: str
+    tx_hash: str | None
+    error: str | None
+    status: int | None  # HTTP status; None when no HTTP answer came (connection error, timeout)
+    elapsed_ms: float
+
+    @property
+    def ok(self) -> bool:
+        return self.tx_hash is not None
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """One transaction on its way to every gateway."""
+
+    first_ack: asyncio.Future[SendResult]  # first success; else the last failure; never an exception
+    results: asyncio.Task[list[SendResult]]  # every send, in the order of `GatewayClient.urls`
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """One gateway's HTTP answer, classified."""
+
+    kind: str  # "ok" | "rejected" | "retry"
+    data: Any = None
+    message: str = ""
+    status: int | None = None
+
+
+def _is_node_message(message: str) -> bool:
+    text = message.lower()
+    if any(marker in text for marker in _INFRA_MARKERS):
+        return False
+    return any(marker in text for marker in _NODE_MESSAGE_MARKERS)
+
+
+def _classify(status: int, raw: bytes) -> _Answer:
+    try:
+        envelope = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        envelope = None
+    if (
+        not isinstance(envelope, dict)
+        or "data" not in envelope
+        or not ("error" in envelope or "code" in envelope)
+    ):
+        # A load balancer's HTML page, a truncated body: not the gateway speaking.
+        return _Answer("retry", message=f"HTTP {status}: not a gateway envelope", status=status)
+    error = envelope.get("error") or ""
+    error = error if isinstance(error, str) else str(error)
+    if status == 200 and not error:
+        return _Answer("ok", data=envelope.get("data"), status=status)
+    message = error or f"HTTP {status}: {envelope.get('code') or 'error'}"
+    if 400 <= status < 500 and status not in _RETRYABLE_4XX:
+        return _Answer("rejected", message=message, status=status)
+    if status == 200 or (status == 500 and _is_node_message(message)):
+        return _Answer("rejected", message=message, status=status)
+    return _Answer("retry", message=message, status=status)
+
+
+class GatewayClient:
+    """Gateway reads with failover and sends broadcast to all gateways, on a caller-owned aiohttp session."""
+
+    def __init__(
+        self, session: aiohttp.ClientSession, urls: Sequence[str], *, timeout_ms: int = 2000
+    ) -> None:
+        if not urls:
+            raise ValueError("at least one gateway URL is required")
+        self.urls: tuple[str, ...] = tuple(u.rstrip("/") for u in urls)
+        self.timeout_ms = timeout_ms
+        self._session = session
+        self._timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
+        self._preferred = 0  # index of the gateway that answered last: reads start there
+
+    @property
+    def preferred_url(self) -> str:
+        return self.urls[self._preferred]
+
+    # Raw requests ---------------------------------------------------------------------------------------
+    async def _request(
+        self, method: str, url: str, path: str, params: Mapping[str, str] | None, body: Any
+    ) -> _Answer:
+        try:
+            async with self._session.request(
+                method,
+                url + path,
+                params=dict(params) if params else None,
+                json=body if method == "POST" else None,
+                timeout=self._timeout,
+            ) as response:
+                raw = await response.read()
+                return _classify(response.status, raw)
+        except TimeoutError:
+            return _Answer("retry", message=f"timed out after {self.timeout_ms} ms")
+        except aiohttp.ClientError as exc:
+            return _Answer("retry", message=f"{type(exc).__name__}: {exc}")
+
+    async def _call(self, method: str, path: str, params: Mapping[str, str] | None, body: Any) -> Any:
+        if not path.startswith("/"):
+            path = "/" + path
+        failures: list[str] = []
+        count = len(self.urls)
+        for step in range(count):
+            index = (self._preferred + step) % count
+            url = self.urls[index]
+            answer = await self._request(method, url, path, params, body)
+            if answer.kind == "retry":
+                failures.append(f"{url}: {answer.message}")
+                continue
+            self._preferred = index  # it answered (even a rejection is an answer): start there next time
+            if answer.kind == "rejected":
+                raise GatewayRejected(answer.message, answer.status, url)
+            return answer.data
+        raise GatewayUnavailable(f"{method} {path}: no gateway answered ({'; '.join(failures)})")
+
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
+        """The envelope's `data` of a GET, failing over across gateways."""
+        return await self._call("GET", path, params, None)
+
+    async def post(self, path: str, body: Any, *, params: Mapping[str, str] | None = None) -> Any:
+        """The envelope's `data` of a POST that changes nothing (simulate, cost, VM query), with failover."""
+        if path.rstrip("/").split("?")[0] in (SEND_PATH, SEND_PATH + "-multiple"):
+            # A send must reach every gateway at once, not one after another on failure: use broadcast().
+            raise ValueError("use broadcast() for /transaction/send")
+        return await self._call("POST", path, params, body)
+
+    # Broadcast ------------------------------------------------------------------------------------------
+    async def _send(self, url: str, wire: Mapping[str, Any]) -> SendResult:
+        started = time.perf_counter()
+        answer = await self._request("POST", url, SEND_PATH, None, dict(wire))
+        elapsed = (time.perf_counter() - started) * 1000
+        if answer.kind == "ok":
+            tx_hash = answer.data.get("txHash") if isinstance(answer.data, dict) else None
+            if isinstance(tx_hash, str) and tx_hash:
+                return SendResult(url, tx_hash, None, answer.status, elapsed)
+            return SendResult(url, None, "acknowledgement without txHash", answer.status, elapsed)
+        return SendResult(url, None, answer.message, answer.status, elapsed)
+
+    def broadcast(self, wire: Mapping[str, Any]) -> Broadcast:
+        """POST /transaction/send to every gateway concurrently; never raises (must run inside a loop)."""
+        loop = asyncio.get_running_loop()
+        first_ack: asyncio.Future[SendResult] = loop.create_future()
+        failures: list[SendResult] = []
+
+        async def one(url: str) -> SendResult:
+            started = time.perf_counter()
+            try:
+                result = await self._send(url, wire)
+            except Exception as exc:  # noqa: BLE001 - a broadcast reports failures, it never raises them
+                elapsed = (time.perf_counter() - started) * 1000
+                result = SendResult(url, None, f"{type(exc).__name__}: {exc}", None, elapsed)
+            if result.ok:
+                if not first_ack.done():
+                    first_ack.set_result(result)
+            else:
+                failures.append(result)  # in completion order: the last one is the fallback answer
+            return result
+
+        async def every() -> list[SendResult]:
+            sends = [asyncio.ensure_future(one(url)) for url in self.urls]
+            try:
+                results = list(await asyncio.gather(*sends))
+            except asyncio.CancelledError:
+                for send in sends:
+                    send.cancel()
+                if not first_ack.done():
+                    first_ack.cancel()  # nobody will ever answer: do not leave awaiters hanging
+                raise
+            if not first_ack.done():
+                first_ack.set_result(failures[-1] if failures else results[-1])
+            return results
+
+        return Broadcast(first_ack, loop.create_task(every(), name="gateway-broadcast"))
+
+    # Typed helpers --------------------------------------------------------------------------------------
+    async def network_config(self) -> dict[str, Any]:
+        return (await self.get("/network/config"))["config"]
+
+    async def network_status(self, shard: int) -> dict[str, Any]:
+        return (await self.get(f"/network/status/{shard}"))["status"]
+
+    async def meta_status(self) -> dict[str, Any]:
+        return await self.network_status(METACHAIN)
+
+    async def account(self, bech32: str) -> dict[str, Any]:
+        return (await self.get(f"/address/{bech32}"))["account"]
+
+    async def guardian_data(self, bech32: str) -> dict[str, Any]:
+        return (await self.get(f"/address/{bech32}/guardian-data"))["guardianData"]
+
+    async def pool_for_sender(
+        self, bech32: str, fields: str = "hash,nonce,gasprice,relayer"
+    ) -> list[dict[str, Any]]:
+        data = await self.get("/transaction/pool", {"by-sender": bech32, "fields": fields})
+        pool = (data or {}).get("txPool") or {}
+        return [entry.get("txFields") or {} for entry in pool.get("transactions") or []]
+
+    async def transaction(self, tx_hash: str, *, sender: str | None = None) -> dict[str, Any] | None:
+        """The transaction with its results, or None when the node does not know the hash."""
+        params = {"withResults": "true"}
+        if sender:
+            params["sender"] = sender  # lets the proxy ask the sender's shard directly
+        try:
+            data = await self.get(f"/transaction/{tx_hash}", params)
+        except GatewayRejected as exc:
+            if "transaction not found" in exc.message.lower():
+                return None
+            raise
+        return data["transaction"]
+
+    async def simulate(self, wire: Mapping[str, Any], *, check_signature: bool = False) -> dict[str, Any]:
+        params = None if check_signature else {"checkSignature": "false"}
+        return (await self.post("/transaction/simulate", dict(wire), params=params))["result"]
+
+    async def cost(self, wire: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.post("/transaction/cost", dict(wire))
+
+    async def vm_query(
+        self, sc_address: str, func: str, args: Sequence[bytes] = (), caller: str | None = None
+    ) -> list[bytes]:
+        """A view function's return data; GatewayRejected(returnMessage) when the VM did not return ok."""
+        body: dict[str, Any] = {"scAddress": sc_address, "funcName": func, "args": [a.hex() for a in args]}
+        if caller:
+            body["caller"] = caller
+        output = (await self.post("/vm-values/query", body))["data"]
+        code = output.get("returnCode")
+        if code != "ok":
+            raise GatewayRejected(output.get("returnMessage") or str(code), 200)
+        return [base64.b64decode(part) if part else b"" for part in output.get("returnData") or []]
+
+    async def block_by_nonce(self, shard: int, nonce: int) -> dict[str, Any]:
+        return (await self.get(f"/block/{shard}/by-nonce/{nonce}"))["block"]

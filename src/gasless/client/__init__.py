@@ -1,0 +1,1 @@
+"""Client-side helpers for callers of the service."""

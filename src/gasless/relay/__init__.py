@@ -1,0 +1,1 @@
+"""The relay core: assign + leases, relay checks, intents and their state machine, broadcaster, tracker."""

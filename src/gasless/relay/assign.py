@@ -1,0 +1,249 @@
+"""POST /v1/relay/assign: presence, a relayer of the sender's shard, and a lease for it.
+
+Presence is a raw Ed25519 signature by the sender over `relay/assign/v1|<chainId>|<sender>|<serverTimeMs>`
+(within +/- 30 000 ms of our clock), or a native-auth bearer token of the same address. The sponsor key
+is never read here. A host whose clock is not synchronised with the chain mints no leases.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gasless.auth.native_auth import NativeAuthError, NativeAuthVerifier
+from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubkey
+from gasless.chain.codec import tx_hash, verify_ed25519
+from gasless.chain.network import NetworkView
+from gasless.errors import ApiError
+from gasless.limits import TokenBuckets
+from gasless.relay.checks import parse_transaction, presence_message
+from gasless.relay.leases import LeaseCodec, LeaseKind
+from gasless.relay.relayers import RelayerInfo, RelayerPool
+from gasless.relay.repository import IntentRepository
+from gasless.relay.schemas import Assignment, AssignRequest
+from gasless.signer import Signer, SignerError
+
+PROOF_TOLERANCE_MS = 30_000
+MAX_CLOCK_OFFSET_MS = 5_000
+
+
+class AssignService:
+    def __init__(
+        self,
+        *,
+        chain_id: str,
+        network: NetworkView,
+        leases: LeaseCodec,
+        relayers: RelayerPool,
+        signer: Signer,
+        repo: IntentRepository,
+        native_auth: NativeAuthVerifier | None,
+        max_clock_offset_ms: int = MAX_CLOCK_OFFSET_MS,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.chain_id = chain_id
+        self.network = network
+        self.leases = leases
+        self.relayers = relayers
+        self.signer = signer
+        self.repo = repo
+        self.native_auth = native_auth
+        self.max_clock_offset_ms = max_clock_offset_ms
+        self.clock = clock
+        self.per_ip = TokenBuckets(10, 10)
+        self.per_sender = TokenBuckets(2, 10)
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def clock_synchronised(self) -> bool:
+        offset = self.network.clock_offset_ms()
+        return offset is not None and abs(offset) <= self.max_clock_offset_ms
+
+    async def assign(self, request: AssignRequest, *, bearer: str | None, client_ip: str) -> Assignment:
+        now = self.now_ms()
+        try:
+            sender_address = parse_address(request.sender)
+        except InvalidAddress:
+            raise ApiError(
+                "MALFORMED_REQUEST", detail="sender is not a valid erd1 address", details={"field": "sender"}
+            ) from None
+        sender = sender_address.to_bech32()
+        self._limit(self.per_ip, client_ip, "ip")
+        self._prove_presence(request, sender, bearer, now)
+        self._limit(self.per_sender, sender, "sender")
+        if not self.clock_synchronised():
+            raise ApiError(
+                "UPSTREAM_UNAVAILABLE",
+                detail="this host's clock is not synchronised with the chain; no leases are minted",
+                details={"retryAfterMs": 5_000},
+            )
+        try:
+            self.signer.check()
+        except SignerError as exc:
+            raise ApiError(exc.code, detail=str(exc), details={"retryAfterMs": 5_000}) from None
+        pubkey = sender_address.get_public_key()
+        shard = shard_of_pubkey(pubkey)
+        kind: LeaseKind = (
+            "sponsor" if request.proof is not None and request.proof.kind == "sponsor" else "std"
+        )
+        if request.renewFor is not None:
+            return self._renew(request.renewFor, sender, pubkey, shard, kind, now)
+        if request.cancel is not None:
+            return await self._cancel(sender, pubkey, shard, request.cancel, now)
+        relayer = self._choose(pubkey, shard)
+        return self._assignment(sender, relayer, kind, now)
+
+    # Presence -----------------------------------------------------------------------------------------
+    def _prove_presence(self, request: AssignRequest, sender: str, bearer: str | None, now: int) -> None:
+        if bearer is not None and self.native_auth is not None:
+            try:
+                identity = self.native_auth.verify(bearer)
+            except NativeAuthError as exc:
+                raise ApiError(exc.code, detail=exc.message) from None
+            if identity.address != sender:
+                raise ApiError(
+                    "ASSIGN_PROOF_INVALID",
+                    detail="the native-auth token belongs to another address",
+                    details={"serverTimeMs": now},
+                )
+            return
+        proof = request.proof
+        if proof is None or (proof.signature is None and proof.serverTimeMs is None):
+            raise ApiError(
+                "ASSIGN_PROOF_REQUIRED",
+                detail="sign relay/assign/v1|<chainId>|<sender>|<serverTimeMs> with the sender key",
+                details={"serverTimeMs": now},
+            )
+        if proof.serverTimeMs is None or proof.signature is None:
+            raise self._invalid("the proof needs both serverTimeMs and signature", now)
+        if abs(proof.serverTimeMs - now) > PROOF_TOLERANCE_MS:
+            raise self._invalid(
+                f"serverTimeMs is more than {PROOF_TOLERANCE_MS} ms from the server clock", now
+            )
+        try:
+            signature = bytes.fromhex(proof.signature)
+        except ValueError:
+            raise self._invalid("signature is not hex", now) from None
+        message = presence_message(self.chain_id, sender, proof.serverTimeMs)
+        if not verify_ed25519(parse_address(sender).get_public_key(), message, signature):
+            raise self._invalid(
+                "the signature does not verify (raw Ed25519 over the message, no prefix)", now
+            )
+
+    @staticmethod
+    def _invalid(detail: str, now: int) -> ApiError:
+        return ApiError("ASSIGN_PROOF_INVALID", detail=detail, details={"serverTimeMs": now})
+
+    @staticmethod
+    def _limit(buckets: TokenBuckets, key: str, scope: str) -> None:
+        decision = buckets.take(key)
+        if not decision.allowed:
+            raise ApiError(
+                "RATE_LIMITED",
+                detail=f"too many assignments per {scope}",
+                details={"retryAfterMs": max(1, decision.retry_after_ms), "scope": scope},
+                headers={
+                    "RateLimit-Limit": str(decision.limit),
+                    "RateLimit-Remaining": "0",
+                    "RateLimit-Reset": str(max(1, -(-decision.reset_ms // 1000))),
+                },
+            )
+
+    # Leases -----------------------------------------------------------------------------------------
+    def _choose(self, pubkey: bytes, shard: int) -> RelayerInfo:
+        relayer = self.relayers.choose(pubkey, shard)
+        if relayer is None:
+            raise ApiError(
+                "NO_RELAYER_AVAILABLE",
+                detail=f"no funded, active relayer in shard {shard}",
+                details={"retryAfterMs": 10_000},
+            )
+        return relayer
+
+    def _assignment(
+        self,
+        sender: str,
+        relayer: RelayerInfo,
+        kind: LeaseKind,
+        now: int,
+        *,
+        pin_nonce: int | None = None,
+        tx_hash_: str | None = None,
+    ) -> Assignment:
+        token, lease = self.leases.mint(
+            sender=sender,
+            relayer=relayer.address,
+            kind=kind,
+            now_ms=now,
+            pin_nonce=pin_nonce,
+            tx_hash=tx_hash_,
+        )
+        return Assignment(
+            relayer=relayer.address,
+            shard=relayer.shard,
+            lease=token,
+            kind=kind,
+            pinNonce=pin_nonce,
+            issuedAtMs=lease.issuedAtMs,
+            expiresAtMs=lease.expiresAtMs,
+            renewable=relayer.assignable,
+            serverTimeMs=now,
+        )
+
+    def _renew(
+        self, wire: dict[str, Any], sender: str, pubkey: bytes, shard: int, kind: LeaseKind, now: int
+    ) -> Assignment:
+        tx = parse_transaction(wire, "renewFor")
+        if tx.sender.to_bech32() != sender:
+            raise ApiError(
+                "MALFORMED_REQUEST",
+                detail="renewFor is signed by another sender",
+                details={"field": "renewFor.sender"},
+            )
+        relayer_address = (
+            tx.relayer.to_bech32() if tx.relayer is not None and not tx.relayer.is_empty() else ""
+        )
+        info = self.relayers.get(relayer_address)
+        if info is None:
+            raise ApiError("RELAYER_UNKNOWN", detail=f"{relayer_address or 'no relayer'} is not one of ours")
+        if not info.assignable:
+            raise self.resign_required(sender, pubkey, shard, tx.nonce)
+        return self._assignment(sender, info, kind, now, pin_nonce=tx.nonce, tx_hash_=tx_hash(tx))
+
+    async def _cancel(self, sender: str, pubkey: bytes, shard: int, nonce: int, now: int) -> Assignment:
+        occupier = await self.repo.by_slot(sender, nonce)
+        live = occupier is not None and occupier.state in ("COSIGNED", "BROADCAST")
+        if not live:
+            raise ApiError("NOTHING_TO_CANCEL", detail=f"no in-flight intent holds nonce {nonce}")
+        assert occupier is not None
+        info = self.relayers.get(occupier.relayer)
+        relayer = info if info is not None and info.assignable else self._choose(pubkey, shard)
+        return self._assignment(sender, relayer, "cancel", now, pin_nonce=nonce)
+
+    # Answers the relay route embeds --------------------------------------------------------------------
+    def resign_required(self, sender: str, pubkey: bytes, shard: int, nonce: int) -> ApiError:
+        relayer = self.relayers.choose(pubkey, shard)
+        if relayer is None:
+            # No lease flow can continue: there is nobody to re-sign for.
+            return ApiError(
+                "RELAYER_RETIRED", detail="the relayer is retired and no other relayer is available"
+            )
+        assignment = self._assignment(sender, relayer, "std", self.now_ms(), pin_nonce=nonce)
+        return ApiError(
+            "RESIGN_REQUIRED",
+            detail="the assigned relayer can no longer be used; sign the same nonce for the new relayer",
+            details={"assignment": assignment.model_dump()},
+        )
+
+    def resign_same_nonce(
+        self, sender: str, pubkey: bytes, shard: int, nonce: int, min_gas_price: int
+    ) -> ApiError:
+        relayer = self._choose(pubkey, shard)
+        assignment = self._assignment(sender, relayer, "cancel", self.now_ms(), pin_nonce=nonce)
+        return ApiError(
+            "RESIGN_SAME_NONCE",
+            detail=f"nonce {nonce} is taken in the pool; re-sign it with a gas price of at least {min_gas_price}",
+            details={"assignment": assignment.model_dump(), "minGasPrice": min_gas_price},
+        )

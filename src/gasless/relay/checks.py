@@ -1,0 +1,268 @@
+"""The relay checks that need no I/O: request parsing and the static rules on the transaction.
+
+Each check returns an ApiError or None, so `POST /v1/relay` stops at the first failure while
+`POST /v1/validate` collects every failure of a stage (later stages depend on earlier ones passing).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from multiversx_sdk import Transaction
+
+from gasless.chain.addresses import shard_of_pubkey
+from gasless.chain.codec import WireError, signing_bytes, tx_from_wire
+from gasless.chain.gas import OPTION_GUARDED, OPTION_HASH_SIGN, is_guarded
+from gasless.chain.network import NetworkParams
+from gasless.errors import ApiError
+
+MAX_BODY_BYTES = 131_072
+MAX_DATA_BYTES_SELF_SERVE = 4_096
+SUPPORTED_VERSION = 2
+SUPPORTED_OPTIONS = OPTION_HASH_SIGN | OPTION_GUARDED
+RELAY_MEMBERS = frozenset({"tx", "lease", "intentKey"})
+VARIANT_MEMBERS = ("variants", "transactions", "alternates")
+IDEMPOTENCY_KEY_MIN, IDEMPOTENCY_KEY_MAX = 16, 128
+
+Check = Callable[[], ApiError | None]
+
+
+def first_failure(checks: Iterable[Check]) -> ApiError | None:
+    for check in checks:
+        error = check()
+        if error is not None:
+            return error
+    return None
+
+
+def all_failures(checks: Iterable[Check]) -> list[ApiError]:
+    return [error for check in checks if (error := check()) is not None]
+
+
+@dataclass(frozen=True)
+class ParsedRelay:
+    body: dict[str, Any]
+    tx: Transaction
+    wire: dict[str, Any]
+    lease_token: Any
+    intent_key: str | None
+    signing_bytes: bytes
+    bytes_sha256: str
+    sender: str
+    sender_pubkey: bytes
+    sender_shard: int
+
+
+def parse_json_body(raw: bytes) -> Any:
+    if len(raw) > MAX_BODY_BYTES:
+        raise ApiError("PAYLOAD_TOO_LARGE", detail=f"body is larger than {MAX_BODY_BYTES} bytes")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(
+            "MALFORMED_REQUEST", detail="body is not valid JSON", details={"field": "body"}
+        ) from None
+
+
+def _valid_key(key: str) -> bool:
+    return IDEMPOTENCY_KEY_MIN <= len(key) <= IDEMPOTENCY_KEY_MAX and all(0x21 <= ord(c) <= 0x7E for c in key)
+
+
+def parse_transaction(wire: Any, field_prefix: str = "tx") -> Transaction:
+    try:
+        return tx_from_wire(wire, allow_unknown=False)
+    except WireError as exc:
+        field = f"{field_prefix}.{exc.field}" if exc.field != "transaction" else field_prefix
+        raise ApiError(
+            "MALFORMED_REQUEST", detail=f"{field} {exc.message}", details={"field": field}
+        ) from None
+
+
+def parse_relay_body(
+    body: Any, header_key: str | None, *, members: frozenset[str] = RELAY_MEMBERS
+) -> ParsedRelay:
+    """The relay request's members in the spec's order of refusal."""
+    if not isinstance(body, dict):
+        raise ApiError("MALFORMED_REQUEST", detail="body must be a JSON object", details={"field": "body"})
+    for name in VARIANT_MEMBERS:
+        if name in body:
+            raise ApiError(
+                "VARIANTS_NOT_SUPPORTED", detail=f"`{name}`: one request relays one signed transaction"
+            )
+    unknown = sorted(set(body) - members)
+    if unknown:
+        raise ApiError(
+            "MALFORMED_REQUEST", detail=f"unknown member `{unknown[0]}`", details={"field": unknown[0]}
+        )
+    wire = body.get("tx")
+    if not isinstance(wire, dict):
+        raise ApiError(
+            "MALFORMED_REQUEST", detail="`tx` must be a transaction object", details={"field": "tx"}
+        )
+    if wire.get("relayerSignature") not in (None, ""):
+        raise ApiError(
+            "RELAYER_SIGNATURE_PRESENT", detail="the transaction already carries a relayer signature"
+        )
+    tx = parse_transaction(wire)
+    intent_key = body.get("intentKey")
+    if intent_key is not None and (not isinstance(intent_key, str) or not _valid_key(intent_key)):
+        raise ApiError(
+            "MALFORMED_REQUEST",
+            detail="intentKey must be 16 to 128 visible ASCII characters",
+            details={"field": "intentKey"},
+        )
+    if header_key is not None:
+        if not _valid_key(header_key):
+            raise ApiError(
+                "MALFORMED_REQUEST",
+                detail="Idempotency-Key must be 16 to 128 visible ASCII characters",
+                details={"field": "Idempotency-Key"},
+            )
+        intent_key = header_key  # the header wins over the body member
+    message = signing_bytes(tx)
+    pubkey = tx.sender.get_public_key()
+    return ParsedRelay(
+        body=body,
+        tx=tx,
+        wire=wire,
+        lease_token=body.get("lease"),
+        intent_key=intent_key,
+        signing_bytes=message,
+        bytes_sha256=hashlib.sha256(message).hexdigest(),
+        sender=tx.sender.to_bech32(),
+        sender_pubkey=pubkey,
+        sender_shard=shard_of_pubkey(pubkey),
+    )
+
+
+def static_checks(
+    tx: Transaction,
+    params: NetworkParams,
+    *,
+    relayer_shard: Callable[[str], int | None],
+    data_limit: int = MAX_DATA_BYTES_SELF_SERVE,
+    lease_present: bool = True,
+) -> list[Check]:
+    """The rules on the transaction alone, in the order relay applies them."""
+    relayer = tx.relayer.to_bech32() if tx.relayer is not None and not tx.relayer.is_empty() else None
+    sender_shard = shard_of_pubkey(tx.sender.get_public_key(), params.num_shards)
+    rules = params.gas_rules()
+
+    def chain_id() -> ApiError | None:
+        if tx.chain_id != params.chain_id:
+            return ApiError(
+                "CHAIN_ID_MISMATCH",
+                detail=f"signed for chain {tx.chain_id!r}; this host serves {params.chain_id!r}",
+            )
+        return None
+
+    def version() -> ApiError | None:
+        if tx.version != SUPPORTED_VERSION:
+            return ApiError(
+                "TX_VERSION_UNSUPPORTED", detail=f"version {tx.version} is not relayed; use version 2"
+            )
+        return None
+
+    def options() -> ApiError | None:
+        if tx.options & ~SUPPORTED_OPTIONS:
+            return ApiError(
+                "TX_OPTIONS_UNSUPPORTED",
+                detail=f"options {tx.options} has unsupported bits (hash-signing and guarded are fine)",
+            )
+        return None
+
+    def lease() -> ApiError | None:
+        return (
+            None
+            if lease_present
+            else ApiError("LEASE_MISSING", detail="no lease: call POST /v1/relay/assign first")
+        )
+
+    def relayer_known() -> ApiError | None:
+        if relayer is None:
+            return ApiError(
+                "MALFORMED_REQUEST",
+                detail="tx.relayer is required (Relayed-V3)",
+                details={"field": "tx.relayer"},
+            )
+        shard = relayer_shard(relayer)
+        if shard is None:
+            return ApiError("RELAYER_UNKNOWN", detail=f"{relayer} is not one of this service's relayers")
+        if shard != sender_shard:
+            return ApiError(
+                "RELAYER_SHARD_MISMATCH",
+                detail=f"relayer is in shard {shard}, the sender in shard {sender_shard}",
+            )
+        return None
+
+    def gas_price() -> ApiError | None:
+        low, high = params.min_gas_price, 2 * params.min_gas_price
+        if tx.gas_price < low:
+            return ApiError(
+                "GAS_PRICE_OUT_OF_RANGE",
+                detail=f"gas price below the network minimum {low}",
+                details={"limit": low, "actual": tx.gas_price, "bound": "min"},
+            )
+        if tx.gas_price > high:
+            return ApiError(
+                "GAS_PRICE_OUT_OF_RANGE",
+                detail=f"gas price above twice the network minimum ({high})",
+                details={"limit": high, "actual": tx.gas_price, "bound": "max"},
+            )
+        return None
+
+    def gas_limit() -> ApiError | None:
+        movement = rules.movement_gas(data_len=len(tx.data), guarded=is_guarded(tx), relayed=True)
+        if tx.gas_limit < movement:
+            return ApiError(
+                "GAS_LIMIT_TOO_LOW",
+                detail=f"gas limit below the movement gas {movement}",
+                details={"limit": movement, "actual": tx.gas_limit},
+            )
+        if tx.gas_limit > params.max_gas_per_tx:
+            return ApiError(
+                "GAS_LIMIT_TOO_HIGH",
+                detail=f"gas limit above the ceiling {params.max_gas_per_tx}",
+                details={"limit": params.max_gas_per_tx, "actual": tx.gas_limit},
+            )
+        return None
+
+    def data_size() -> ApiError | None:
+        if len(tx.data) > data_limit:
+            return ApiError(
+                "DATA_TOO_LARGE",
+                detail=f"data is {len(tx.data)} bytes; at most {data_limit} on a self-serve account",
+                details={"limit": data_limit, "actual": len(tx.data)},
+            )
+        return None
+
+    def guardian_not_relayer() -> ApiError | None:
+        if tx.guardian is not None and not tx.guardian.is_empty() and relayer == tx.guardian.to_bech32():
+            return ApiError("GUARDIAN_IS_RELAYER", detail="the guardian and the relayer are the same address")
+        return None
+
+    def signature_present() -> ApiError | None:
+        if len(tx.signature) != 64:
+            return ApiError("SENDER_SIGNATURE_INVALID", detail="the transaction carries no sender signature")
+        return None
+
+    return [
+        chain_id,
+        version,
+        options,
+        lease,
+        relayer_known,
+        gas_price,
+        gas_limit,
+        data_size,
+        guardian_not_relayer,
+        signature_present,
+    ]
+
+
+def presence_message(chain_id: str, sender: str, server_time_ms: int) -> bytes:
+    return f"relay/assign/v1|{chain_id}|{sender}|{server_time_ms}".encode()

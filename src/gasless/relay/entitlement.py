@@ -1,0 +1,181 @@
+"""Who pays for a relay: the seam the billing issue fills in.
+
+For now the signed transaction is the credential when the sender has an account in the contract or is an
+authorised sender of one (read through `ContractMirror`, a cached view of the contract); calls listed in
+the contract's free operations are relayed free. Everything else is `402 NO_ENTITLEMENT` with a
+`PAYMENT-REQUIRED` header for the transaction's sender.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from multiversx_sdk import Transaction
+
+from gasless.chain.abi import decode_outputs, load_billing_abi
+from gasless.chain.addresses import address_of, parse_address
+from gasless.chain.gateway import GatewayClient
+from gasless.errors import ApiError
+
+DEPOSIT_FUNCTIONS = frozenset({"deposit", "depositFor", "depositAndSubscribe"})
+
+
+@dataclass(frozen=True)
+class EntitlementDecision:
+    billing_class: str  # plan | payg | sponsor | free
+    account: str | None
+    auth_mode: str = "signed_tx"
+
+    @property
+    def free(self) -> bool:
+        return self.billing_class == "free"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"authMode": self.auth_mode, "billingClass": self.billing_class, "account": self.account}
+
+
+class Entitlement(Protocol):
+    async def decide(self, tx: Transaction, sender: str, api_key: str | None) -> EntitlementDecision:
+        """The paying side of this relay, or ApiError (NO_ENTITLEMENT, CONTRACT_PAUSED, ...)."""
+        ...
+
+
+class _Cached:
+    def __init__(self, ttl_ms: int) -> None:
+        self.ttl_ms = ttl_ms
+        self._values: dict[Any, tuple[float, Any]] = {}
+
+    async def get(self, key: Any, load: Callable[[], Awaitable[Any]], ttl_ms: int | None = None) -> Any:
+        now = time.monotonic() * 1000
+        hit = self._values.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        value = await load()
+        self._values[key] = (now + (ttl_ms if ttl_ms is not None else self.ttl_ms), value)
+        if len(self._values) > 65_536:  # bounded: drop the oldest half
+            for stale in list(self._values)[: len(self._values) // 2]:
+                self._values.pop(stale, None)
+        return value
+
+
+class ContractMirror:
+    """Cached reads of the billing contract's views (a convenience; purchases read the views directly)."""
+
+    def __init__(self, gateway: GatewayClient, contract: str | None, *, ttl_ms: int = 3_000) -> None:
+        self.gateway = gateway
+        self.contract = contract
+        self.abi = load_billing_abi()
+        self._cache = _Cached(ttl_ms)
+
+    async def _view(self, function: str, args: list[bytes] | None = None) -> list[Any]:
+        assert self.contract is not None
+        parts = await self.gateway.vm_query(self.contract, function, args or [])
+        return decode_outputs(self.abi, function, parts)
+
+    async def config(self) -> Any:
+        return await self._cache.get(("config",), lambda: self._view("getConfig"))
+
+    async def pause_state(self) -> Any:
+        return await self._cache.get(("pause",), lambda: self._view("getPauseState"), ttl_ms=1_000)
+
+    async def owner(self) -> str | None:
+        # The contract's owner (from the account record): owner calls are never blocked by the pause.
+        async def load() -> str | None:
+            assert self.contract is not None
+            account = await self.gateway.account(self.contract)
+            return account.get("ownerAddress") or None
+
+        return await self._cache.get(("owner",), load, ttl_ms=60_000)
+
+    async def paying_account(self, sender: str) -> tuple[str, str] | None:
+        """(account, relation) where relation is `own` or `authorised`; None when neither exists."""
+        pubkey = parse_address(sender).get_public_key()
+
+        async def load() -> tuple[str, str] | None:
+            own = (await self._view("getAccount", [pubkey]))[0]
+            if own is not None:
+                return sender, "own"
+            account = (await self._view("getAccountOfSender", [pubkey]))[0]
+            if account is not None:
+                raw = account if isinstance(account, bytes) else account.get_public_key()
+                return address_of(bytes(raw)).to_bech32(), "authorised"
+            return None
+
+        # Short-lived: a sender who just bought a plan must not wait long to be recognised.
+        return await self._cache.get(("account", sender), load, ttl_ms=1_000)
+
+
+def function_of(tx: Transaction) -> str:
+    return tx.data.split(b"@", 1)[0].decode("ascii", "replace") if tx.data else ""
+
+
+def payment_required_header(sender: str, *, chain_id: str, base_url: str, payment_token: str) -> str:
+    """The x402 `PAYMENT-REQUIRED` header (base64 JSON) pointing the transaction's sender at a top-up."""
+    document = {
+        "x402Version": 2,
+        "error": "NO_ENTITLEMENT",
+        "resource": {"url": f"{base_url}/v1/x402/topup", "method": "POST"},
+        "accepts": [
+            {
+                "scheme": "exact",
+                "network": f"mvx:{chain_id}",
+                "asset": payment_token,
+                "payTo": None,
+                "extra": {"beneficiary": sender},
+            }
+        ],
+    }
+    return base64.b64encode(json.dumps(document, separators=(",", ":")).encode()).decode()
+
+
+class ContractEntitlement:
+    def __init__(self, mirror: ContractMirror, *, chain_id: str, base_url: str, payment_token: str) -> None:
+        self.mirror = mirror
+        self.chain_id = chain_id
+        self.base_url = base_url
+        self.payment_token = payment_token
+
+    async def decide(self, tx: Transaction, sender: str, api_key: str | None) -> EntitlementDecision:
+        contract = self.mirror.contract
+        if contract is not None and tx.receiver.to_bech32() == contract:
+            config = (await self.mirror.config())[0]
+            free_ops = {bytes(name).decode() for name in config.free_operations}
+            function = function_of(tx)
+            if function in free_ops:
+                await self._require_open(function, sender)
+                return EntitlementDecision("free", sender)
+        paying = await self.mirror.paying_account(sender) if contract is not None else None
+        if paying is None:
+            raise ApiError(
+                "NO_ENTITLEMENT",
+                detail="the sender has no plan and is not an authorised sender; top up, or relay with a sponsor key",
+                details={"reason": "NO_ACCOUNT"},
+                headers={
+                    "PAYMENT-REQUIRED": payment_required_header(
+                        sender,
+                        chain_id=self.chain_id,
+                        base_url=self.base_url,
+                        payment_token=self.payment_token,
+                    )
+                },
+            )
+        account, _relation = paying
+        return EntitlementDecision("plan", account)
+
+    async def _require_open(self, function: str, sender: str) -> None:
+        pause = (await self.mirror.pause_state())[0]
+        if not (pause.paused or (pause.deposits_paused and function in DEPOSIT_FUNCTIONS)):
+            return
+        if sender == await self.mirror.owner():
+            return
+        scope = "global" if pause.paused else "deposits"
+        raise ApiError(
+            "CONTRACT_PAUSED",
+            detail=f"the contract is paused ({scope}); nothing was charged or sent",
+            details={"scope": scope, "retryAfterMs": 30_000},
+        )

@@ -1,0 +1,34 @@
+"""In-process fan-out of intent changes to the per-intent event streams of this host.
+
+A change made on another host reaches this host's streams through their periodic re-read of the row;
+this bus only makes same-host changes immediate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+
+class IntentBus:
+    def __init__(self) -> None:
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+
+    def subscribe(self, *keys: str) -> asyncio.Event:
+        event = asyncio.Event()
+        for key in keys:
+            self._waiters.setdefault(key, set()).add(event)
+        return event
+
+    def unsubscribe(self, event: asyncio.Event, *keys: str) -> None:
+        for key in keys:
+            waiters = self._waiters.get(key)
+            if waiters is not None:
+                waiters.discard(event)
+                if not waiters:
+                    del self._waiters[key]
+
+    def publish(self, row: Any) -> None:
+        for key in (row.tx_hash, f"{row.sender}:{row.nonce}"):
+            for event in self._waiters.get(key, ()):
+                event.set()

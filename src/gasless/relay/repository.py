@@ -1,0 +1,255 @@
+"""SQL of the relay core. Every state change is a guarded UPDATE that also bumps the intent's `seq`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy.engine import Row
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from gasless.db import begin_write, intent_keys, intents, rejections
+
+IN_FLIGHT = ("COSIGNED", "BROADCAST", "EXECUTED")
+UNSETTLED = ("COSIGNED", "BROADCAST")
+
+
+@dataclass(frozen=True)
+class SenderView:
+    """What the checks need about one sender from our own records, read in one query."""
+
+    at_nonce: list[Rec]  # every intent ever stored for (sender, nonce), any state
+    in_flight: list[Rec]  # the sender's intents not yet final and not dead
+    key_row: Rec | None  # the logical idempotency key's intent, when a key was given and is live
+
+    @property
+    def highest_in_flight_nonce(self) -> int | None:
+        return max((row.nonce for row in self.in_flight), default=None)
+
+
+class Rec(SimpleNamespace):
+    """A stored row as a plain mutable record (rows are immutable tuples; the tracker updates copies)."""
+
+    def _replace(self, **changes: Any) -> Rec:
+        return Rec(**{**vars(self), **changes})
+
+
+def rec(row: Row[Any] | None) -> Rec | None:
+    return None if row is None else Rec(**row._mapping)
+
+
+def recs(rows: Sequence[Row[Any]]) -> list[Rec]:
+    return [Rec(**row._mapping) for row in rows]
+
+
+class CommitConflict(Exception):
+    """The commit lost a race: another submission took the slot, the bytes or the key first."""
+
+
+class IntentRepository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def sender_view(self, sender: str, nonce: int, key: str | None, now_ms: int) -> SenderView:
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(intents).where(
+                        intents.c.sender == sender,
+                        or_(intents.c.nonce == nonce, intents.c.state.in_(IN_FLIGHT)),
+                    )
+                )
+            ).all()
+            key_row = None
+            if key is not None:
+                key_row = (
+                    await conn.execute(
+                        select(intents)
+                        .join(intent_keys, intent_keys.c.intent_pk == intents.c.pk)
+                        .where(
+                            intent_keys.c.sender == sender,
+                            intent_keys.c.key == key,
+                            intent_keys.c.expires_at_ms > now_ms,
+                        )
+                    )
+                ).first()
+        records = recs(rows)
+        return SenderView(
+            at_nonce=[r for r in records if r.nonce == nonce],
+            in_flight=[r for r in records if r.state in IN_FLIGHT],
+            key_row=rec(key_row),
+        )
+
+    async def commit(self, values: Mapping[str, Any], key: str | None, key_ttl_ms: int) -> int:
+        """The commit point: the intent (COSIGNED, with the relayer signature) and its key in one transaction."""
+        try:
+            async with begin_write(self.engine) as conn:
+                pk = (
+                    await conn.execute(intents.insert().values(**values).returning(intents.c.pk))
+                ).scalar_one()
+                if key is not None:
+                    await self._claim_key(
+                        conn, values["sender"], key, pk, values["cosigned_at_ms"], key_ttl_ms
+                    )
+                await self._reserve(conn, pk, values)
+        except IntegrityError as exc:
+            raise CommitConflict(str(exc.orig)) from exc
+        return int(pk)
+
+    async def _claim_key(
+        self, conn: AsyncConnection, sender: str, key: str, pk: int, now_ms: int, ttl_ms: int
+    ) -> None:
+        # A key may be reused once its intent died or the key expired; otherwise the insert conflicts.
+        dead_or_expired = (
+            select(intent_keys.c.key)
+            .join(intents, intents.c.pk == intent_keys.c.intent_pk)
+            .where(
+                intent_keys.c.sender == sender,
+                intent_keys.c.key == key,
+                or_(intents.c.state == "DEAD", intent_keys.c.expires_at_ms <= now_ms),
+            )
+        )
+        if (await conn.execute(dead_or_expired)).first() is not None:
+            await conn.execute(
+                delete(intent_keys).where(intent_keys.c.sender == sender, intent_keys.c.key == key)
+            )
+        await conn.execute(
+            intent_keys.insert().values(sender=sender, key=key, intent_pk=pk, expires_at_ms=now_ms + ttl_ms)
+        )
+
+    async def _reserve(self, conn: AsyncConnection, pk: int, values: Mapping[str, Any]) -> None:
+        """Billing seam: the reservation joins the commit transaction (made once, with the intent)."""
+        return None
+
+    async def by_hash(self, tx_hash: str) -> Rec | None:
+        async with self.engine.connect() as conn:
+            return rec((await conn.execute(select(intents).where(intents.c.tx_hash == tx_hash))).first())
+
+    async def by_pk(self, pk: int) -> Rec | None:
+        async with self.engine.connect() as conn:
+            return rec((await conn.execute(select(intents).where(intents.c.pk == pk))).first())
+
+    async def by_slot(self, sender: str, nonce: int) -> Rec | None:
+        """The intent that speaks for a (sender, nonce) slot: a live one first, else the latest replacement."""
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(intents)
+                    .where(intents.c.sender == sender, intents.c.nonce == nonce)
+                    .order_by(intents.c.slot_seq.desc())
+                )
+            ).all()
+        records = recs(rows)
+        for r in records:
+            if r.state in ("EXECUTED", "FINALIZED"):
+                return r
+        for r in records:
+            if r.state != "DEAD":
+                return r
+        return records[0] if records else None
+
+    async def rejection_by_hash(self, tx_hash: str) -> Row[Any] | None:
+        async with self.engine.connect() as conn:
+            return (
+                await conn.execute(
+                    select(rejections).where(rejections.c.tx_hash == tx_hash).order_by(rejections.c.pk.desc())
+                )
+            ).first()
+
+    async def rejection_by_slot(self, sender: str, nonce: int) -> Row[Any] | None:
+        async with self.engine.connect() as conn:
+            return (
+                await conn.execute(
+                    select(rejections)
+                    .where(rejections.c.sender == sender, rejections.c.nonce == nonce)
+                    .order_by(rejections.c.pk.desc())
+                )
+            ).first()
+
+    async def record_rejection(self, values: Mapping[str, Any]) -> None:
+        async with begin_write(self.engine) as conn:
+            await conn.execute(rejections.insert().values(**values))
+
+    async def in_flight(self, limit: int = 10_000) -> list[Rec]:
+        async with self.engine.connect() as conn:
+            return list(
+                (
+                    await conn.execute(
+                        select(intents)
+                        .where(intents.c.state.in_(IN_FLIGHT))
+                        .order_by(intents.c.pk)
+                        .limit(limit)
+                    )
+                ).all()
+            )
+
+    async def unbroadcast(self) -> list[Rec]:
+        """Co-signed rows no gateway acknowledged: what orphan recovery re-broadcasts at start-up."""
+        async with self.engine.connect() as conn:
+            return list(
+                (
+                    await conn.execute(
+                        select(intents).where(intents.c.state == "COSIGNED").order_by(intents.c.pk)
+                    )
+                ).all()
+            )
+
+    async def transition(
+        self, pk: int, from_states: Sequence[str], values: Mapping[str, Any], now_ms: int
+    ) -> Rec | None:
+        """Apply `values` when the row is still in one of `from_states`; the updated row, or None."""
+        async with begin_write(self.engine) as conn:
+            result = await conn.execute(
+                update(intents)
+                .where(intents.c.pk == pk, intents.c.state.in_(tuple(from_states)))
+                .values(**values, seq=intents.c.seq + 1, updated_at_ms=now_ms)
+                .returning(*intents.c)
+            )
+            return rec(result.first())
+
+    async def note_sent(self, pk: int, now_ms: int) -> None:
+        async with begin_write(self.engine) as conn:
+            await conn.execute(
+                update(intents)
+                .where(intents.c.pk == pk)
+                .values(last_sent_at_ms=now_ms, send_attempts=intents.c.send_attempts + 1)
+            )
+
+    async def slot_rivals(self, sender: str, nonce: int, exclude_pk: int) -> list[Rec]:
+        async with self.engine.connect() as conn:
+            return recs(
+                (
+                    await conn.execute(
+                        select(intents).where(
+                            intents.c.sender == sender,
+                            intents.c.nonce == nonce,
+                            intents.c.pk != exclude_pk,
+                            intents.c.state.in_(IN_FLIGHT),
+                        )
+                    )
+                ).all()
+            )
+
+    async def purge(self, now_ms: int, rejection_retention_ms: int) -> tuple[int, int]:
+        async with begin_write(self.engine) as conn:
+            rejected = await conn.execute(
+                delete(rejections).where(rejections.c.received_at_ms < now_ms - rejection_retention_ms)
+            )
+            keys = await conn.execute(delete(intent_keys).where(intent_keys.c.expires_at_ms <= now_ms))
+        return rejected.rowcount or 0, keys.rowcount or 0
+
+    async def count_in_flight(self, sender: str) -> int:
+        async with self.engine.connect() as conn:
+            return int(
+                (
+                    await conn.execute(
+                        select(func.count())
+                        .select_from(intents)
+                        .where(and_(intents.c.sender == sender, intents.c.state.in_(IN_FLIGHT)))
+                    )
+                ).scalar_one()
+            )

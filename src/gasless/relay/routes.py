@@ -1,0 +1,255 @@
+"""Relay routes: thin adapters from HTTP to the relay services."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse, ServerSentEvent
+
+from gasless.chain.addresses import InvalidAddress, parse_address
+from gasless.errors import ApiError
+from gasless.relay.checks import MAX_BODY_BYTES
+from gasless.relay.intents import TERMINAL, intent_from_row, rejected_intent
+from gasless.relay.schemas import (
+    Assignment,
+    AssignRequest,
+    Intent,
+    QuoteRelayRequest,
+    RelayQuote,
+    RelayRequest,
+    RelayResponse,
+    ValidateRequest,
+    ValidateResponse,
+)
+
+STREAM_LIFETIME_MS = 120_000
+STREAM_POLL_S = 0.5  # re-read the row this often: changes made on the other host reach the stream too
+_HASH = re.compile(r"[0-9a-fA-F]{64}")
+
+router = APIRouter(tags=["relay"])
+
+
+def _host(request: Request) -> Any:
+    return request.app.state.host
+
+
+def _bearer(authorization: str | None) -> str | None:
+    if authorization and authorization.lower().startswith("bearer "):
+        return authorization[7:].strip()
+    return None
+
+
+async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The body, refused with PAYLOAD_TOO_LARGE as soon as it passes `limit` (before parsing)."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise ApiError("PAYLOAD_TOO_LARGE", detail=f"body is larger than {limit} bytes")
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise ApiError("PAYLOAD_TOO_LARGE", detail=f"body is larger than {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@router.post(
+    "/v1/relay/assign",
+    operation_id="assignRelayer",
+    response_model=Assignment,
+    summary="A relayer of the sender's shard and a lease, just before the user signs",
+)
+async def assign(
+    request: Request, body: AssignRequest, authorization: Annotated[str | None, Header()] = None
+) -> Assignment:
+    host = _host(request)
+    client_ip = request.client.host if request.client else "unknown"
+    return await host.assign.assign(body, bearer=_bearer(authorization), client_ip=client_ip)
+
+
+@router.post(
+    "/v1/relay",
+    operation_id="relayTransaction",
+    response_model=RelayResponse,
+    status_code=200,
+    summary="Co-sign and broadcast one user-signed Relayed-V3 transaction",
+    responses={
+        202: {"model": RelayResponse, "description": "co-signed; no gateway acknowledged within 800 ms"}
+    },
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/RelayRequest"}}},
+        }
+    },
+)
+async def relay(
+    request: Request,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    x_api_key: Annotated[str | None, Header(alias="X-Api-Key")] = None,
+) -> Response:
+    received_ms = int(time.time() * 1000)
+    host = _host(request)
+    raw = await read_body(request)
+    status, response = await host.relay.relay(
+        raw,
+        idempotency_key=idempotency_key,
+        api_key=x_api_key,
+        request_id=request.state.request_id,
+        received_ms=received_ms,
+    )
+    return JSONResponse(response.model_dump(mode="json"), status_code=status)
+
+
+async def _intent_for(request: Request, ident: str) -> Intent:
+    host = _host(request)
+    round_ms = host.network.params.round_duration_ms
+    if _HASH.fullmatch(ident):
+        tx_hash = ident.lower()
+        row = await host.repo.by_hash(tx_hash)
+        if row is not None:
+            return intent_from_row(row, round_ms)
+        rejected = await host.repo.rejection_by_hash(tx_hash)
+        if rejected is not None:
+            return rejected_intent(rejected, round_ms)
+        raise ApiError("NOT_FOUND", detail=f"no intent with transaction hash {tx_hash}")
+    sender, _, nonce_text = ident.rpartition(":")
+    if not sender or not nonce_text.isdigit():
+        raise ApiError(
+            "MALFORMED_REQUEST",
+            detail="id is an IntentId (<sender>:<nonce>) or a 64-hex transaction hash",
+            details={"field": "id"},
+        )
+    return await _intent_for_slot(request, sender, int(nonce_text))
+
+
+async def _intent_for_slot(request: Request, sender: str, nonce: int) -> Intent:
+    host = _host(request)
+    try:
+        sender = parse_address(sender).to_bech32()
+    except InvalidAddress:
+        raise ApiError(
+            "MALFORMED_REQUEST", detail="sender is not a valid erd1 address", details={"field": "sender"}
+        ) from None
+    if nonce >= 2**63:
+        raise ApiError("MALFORMED_REQUEST", detail="nonce is an int64", details={"field": "nonce"})
+    round_ms = host.network.params.round_duration_ms
+    row = await host.repo.by_slot(sender, nonce)
+    if row is not None:
+        return intent_from_row(row, round_ms)
+    rejected = await host.repo.rejection_by_slot(sender, nonce)
+    if rejected is not None:
+        return rejected_intent(rejected, round_ms)
+    raise ApiError("NOT_FOUND", detail=f"no intent {sender}:{nonce}")
+
+
+@router.get("/v1/relay/{id}", operation_id="getRelayStatus", response_model=Intent)
+async def get_relay(request: Request, id: Annotated[str, Path(max_length=200)]) -> Intent:
+    return await _intent_for(request, id)
+
+
+@router.get("/v1/intents/{sender}/{nonce}", operation_id="getIntent", response_model=Intent)
+async def get_intent(
+    request: Request,
+    sender: Annotated[str, Path(max_length=100)],
+    nonce: Annotated[int, Path(ge=0, le=2**63 - 1)],
+) -> Intent:
+    return await _intent_for_slot(request, sender, nonce)
+
+
+@router.get("/v1/tx/{hash}", operation_id="getIntentByTxHash", response_model=Intent)
+async def get_tx(request: Request, hash: Annotated[str, Path(max_length=200)]) -> Intent:
+    if not _HASH.fullmatch(hash):
+        raise ApiError(
+            "MALFORMED_REQUEST", detail="hash is 64 hexadecimal characters", details={"field": "hash"}
+        )
+    return await _intent_for(request, hash)
+
+
+@router.get(
+    "/v1/relay/{id}/events",
+    operation_id="streamRelayEvents",
+    response_class=EventSourceResponse,
+    responses={200: {"content": {"text/event-stream": {"schema": {"$ref": "#/components/schemas/Intent"}}}}},
+)
+async def relay_events(
+    request: Request,
+    id: Annotated[str, Path(max_length=200)],
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> EventSourceResponse:
+    first = await _intent_for(request, id)  # 404 before the stream opens
+    host = _host(request)
+    keys = (first.id, first.txHash) if first.txHash else (first.id,)
+    last_seq = int(last_event_id) if last_event_id and last_event_id.isdigit() else None
+
+    async def events() -> AsyncIterator[ServerSentEvent]:
+        wake = host.bus.subscribe(*keys)
+        deadline = time.monotonic() + STREAM_LIFETIME_MS / 1000
+        sent_seq = last_seq
+        current = first
+        try:
+            while True:
+                seq = await _seq_of(host, current)
+                if sent_seq is None or seq > sent_seq:
+                    sent_seq = seq
+                    yield ServerSentEvent(
+                        data=json.dumps(current.model_dump(mode="json"), separators=(",", ":")),
+                        event="intent",
+                        id=str(seq),
+                    )
+                if current.state in TERMINAL:
+                    return
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                try:
+                    await asyncio.wait_for(wake.wait(), min(STREAM_POLL_S, remaining))
+                except TimeoutError:
+                    pass
+                wake.clear()
+                current = await _intent_for(request, id)
+        finally:
+            host.bus.unsubscribe(wake, *keys)
+
+    return EventSourceResponse(events(), ping=15)
+
+
+async def _seq_of(host: Any, intent: Intent) -> int:
+    # The per-intent sequence is the row's change counter; a REJECTED submission is one event.
+    if intent.state == "REJECTED" or intent.txHash is None:
+        return 1
+    row = await host.repo.by_hash(intent.txHash)
+    return int(row.seq) if row is not None else 1
+
+
+@router.post("/v1/quote", operation_id="quoteRelay", response_model=RelayQuote)
+async def quote(request: Request, body: QuoteRelayRequest) -> RelayQuote:
+    return await _host(request).quotes.quote(body.tx)
+
+
+@router.post(
+    "/v1/validate",
+    operation_id="validateTransaction",
+    response_model=ValidateResponse,
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ValidateRequest"}}},
+        }
+    },
+)
+async def validate(request: Request) -> ValidateResponse:
+    raw = await read_body(request)
+    return await _host(request).relay.validate(raw)
+
+
+# Schemas referenced only through openapi_extra must still be registered as components.
+EXTRA_SCHEMAS = (RelayRequest, ValidateRequest)

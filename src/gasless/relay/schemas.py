@@ -1,0 +1,152 @@
+"""Request and response shapes of the relay routes, named as the spec names them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+IntentState = Literal["COSIGNED", "BROADCAST", "EXECUTED", "FINALIZED", "DEAD", "REJECTED"]
+LeaseKindName = Literal["std", "sponsor", "cancel", "free"]
+
+
+class IntentLatency(BaseModel):
+    """Derived figures (ms, except the round count); null when an input timestamp is null."""
+
+    acceptToCosignMs: int | None = None
+    cosignToBroadcastMs: int | None = None
+    addedMs: int | None = None
+    inclusionMs: int | None = None
+    finalityMs: int | None = None
+    totalMs: int | None = None
+    roundsToInclusion: int | None = None
+
+
+class Intent(BaseModel):
+    """One relayed transaction's status, keyed by sender and nonce."""
+
+    id: str = Field(description="`<sender>:<nonce>`")
+    sender: str
+    nonce: int = Field(ge=0)
+    txHash: str | None
+    state: IntentState
+    final: bool
+    receivedAtMs: int | None
+    cosignedAtMs: int | None
+    broadcastAtMs: int | None
+    executedBlockTsMs: int | None
+    finalizedAtMs: int | None
+    latency: IntentLatency
+    crossShard: bool
+    receiver: str | None = None
+    relayer: str | None = None
+    gasLimit: int | None = None
+    gasPrice: int | None = None
+    outcome: Literal["success", "fail"] | None = Field(
+        default=None, description="execution status on chain once executed"
+    )
+    deadReason: str | None = None
+    replacedBy: str | None = None
+    rejection: dict[str, Any] | None = Field(
+        default=None, description="code and detail of a REJECTED submission"
+    )
+
+
+class AssignProof(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["key", "sponsor"] = "key"
+    serverTimeMs: int | None = None
+    signature: str | None = Field(
+        default=None,
+        description="hex raw Ed25519 signature over `relay/assign/v1|<chainId>|<sender>|<serverTimeMs>`",
+    )
+
+
+class AssignRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sender: str
+    proof: AssignProof | None = None
+    renewFor: dict[str, Any] | None = Field(
+        default=None, description="the already signed transaction (wire form) whose lease expired"
+    )
+    cancel: int | None = Field(default=None, ge=0, description="nonce of the in-flight intent to cancel")
+
+
+class Assignment(BaseModel):
+    relayer: str
+    shard: int
+    lease: str
+    kind: LeaseKindName
+    pinNonce: int | None = None
+    issuedAtMs: int
+    expiresAtMs: int
+    renewable: bool
+    serverTimeMs: int
+
+
+class BillingInfo(BaseModel):
+    authMode: Literal["signed_tx", "api_key"]
+    billingClass: Literal["plan", "payg", "sponsor", "free"] | None = None
+    account: str | None = None
+
+
+class RelayResponse(BaseModel):
+    id: str
+    txHash: str
+    state: IntentState
+    duplicate: bool
+    relayer: str
+    intent: Intent
+    billing: BillingInfo
+
+
+class RelayRequest(BaseModel):
+    """The documented shape; the route parses the raw body itself to reject unknown members exactly."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tx: dict[str, Any]
+    lease: str
+    intentKey: str | None = None
+
+
+class QuoteRelayRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tx: dict[str, Any]
+
+
+class RelayQuote(BaseModel):
+    ru: str
+    priceMicroUsdc: str
+    ruScheduleVersion: str
+    gasLimit: str
+    movementGas: str
+    maxFeeAtto: str = Field(description="network fee the relayer pays at most (the whole gas limit used)")
+    billingClass: Literal["plan", "payg", "sponsor", "free"] | None = None
+    free: bool
+
+
+class ValidateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tx: dict[str, Any]
+    lease: str | None = None
+    intentKey: str | None = None
+
+
+class ValidateProblem(BaseModel):
+    type: str
+    title: str
+    status: int
+    detail: str | None = None
+    code: str
+    details: dict[str, Any] = {}
+
+
+class ValidateResponse(BaseModel):
+    ok: bool
+    problems: list[ValidateProblem]
+    txHash: str | None = None

@@ -1,0 +1,684 @@
+"""POST /v1/relay, /v1/validate and /v1/quote: the checks in the spec's order, the commit point, broadcast.
+
+Before the commit point every failure is an ApiError and nothing was sent (the submission is recorded as
+REJECTED). The commit point is one database transaction storing the co-signed intent, its idempotency
+key and (later) its reservation. After it the answer is 200 or 202 whatever happens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from multiversx_sdk import Transaction
+
+from gasless.chain.addresses import shard_of_pubkey
+from gasless.chain.codec import tx_hash, tx_to_wire, verify_ed25519
+from gasless.chain.gas import is_guarded
+from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
+from gasless.chain.network import NetworkView
+from gasless.errors import ApiError, problem_document
+from gasless.relay.assign import AssignService
+from gasless.relay.checks import (
+    ParsedRelay,
+    all_failures,
+    first_failure,
+    parse_json_body,
+    parse_relay_body,
+    static_checks,
+)
+from gasless.relay.entitlement import Entitlement, EntitlementDecision
+from gasless.relay.intents import intent_from_row
+from gasless.relay.jobs import Broadcaster, Tracker
+from gasless.relay.leases import Lease, LeaseCodec, LeaseInvalid
+from gasless.relay.relayers import RelayerPool
+from gasless.relay.repository import CommitConflict, IntentRepository, Rec, SenderView
+from gasless.relay.schemas import BillingInfo, RelayResponse, ValidateProblem, ValidateResponse
+from gasless.signer import Signer, SignerError, sign_with_deadline
+
+log = structlog.get_logger("gasless.relay")
+
+ACK_WAIT_MS = 800
+MAX_IN_FLIGHT = 64
+KEY_TTL_MS = 86_400_000
+OVERPROVISION_FACTOR = 1.9
+SIMULATE_MODES = ("always", "contract_calls", "never")
+
+
+@dataclass(frozen=True)
+class RelayConfig:
+    chain_id: str
+    host_id: str
+    docs_url: str
+    signer_deadline_ms: int = 250
+    simulate: str = "contract_calls"
+    contract: str | None = None
+
+
+@dataclass
+class ChainState:
+    nonce: int
+    balance: int
+    guarded: bool
+    active_guardian: str | None
+    pool: list[dict[str, Any]]
+
+    @property
+    def pool_last_nonce(self) -> int | None:
+        return max((int(entry["nonce"]) for entry in self.pool), default=None)
+
+    def pooled_at(self, nonce: int) -> dict[str, Any] | None:
+        entries = [entry for entry in self.pool if int(entry["nonce"]) == nonce]
+        return max(entries, key=lambda e: int(e.get("gasprice") or e.get("gasPrice") or 0), default=None)
+
+
+def _gas_price_of(entry: dict[str, Any]) -> int:
+    return int(entry.get("gasprice") or entry.get("gasPrice") or 0)
+
+
+class RelayService:
+    def __init__(
+        self,
+        config: RelayConfig,
+        *,
+        network: NetworkView,
+        gateway: GatewayClient,
+        leases: LeaseCodec,
+        relayers: RelayerPool,
+        signer: Signer,
+        repo: IntentRepository,
+        entitlement: Entitlement,
+        broadcaster: Broadcaster,
+        tracker: Tracker,
+        assign: AssignService,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.network = network
+        self.gateway = gateway
+        self.leases = leases
+        self.relayers = relayers
+        self.signer = signer
+        self.repo = repo
+        self.entitlement = entitlement
+        self.broadcaster = broadcaster
+        self.tracker = tracker
+        self.assign = assign
+        self.clock = clock
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # ------------------------------------------------------------------------------------------------
+    async def relay(
+        self,
+        raw: bytes,
+        *,
+        idempotency_key: str | None,
+        api_key: str | None,
+        request_id: str,
+        received_ms: int,
+    ) -> tuple[int, RelayResponse]:
+        parsed = parse_relay_body(parse_json_body(raw), idempotency_key)
+        try:
+            return await self._relay(parsed, api_key=api_key, request_id=request_id, received_ms=received_ms)
+        except ApiError as error:
+            self._record_rejection(parsed, error, request_id, received_ms)
+            raise
+
+    async def _relay(
+        self, parsed: ParsedRelay, *, api_key: str | None, request_id: str, received_ms: int
+    ) -> tuple[int, RelayResponse]:
+        tx = parsed.tx
+        params = self.network.params
+        failure = first_failure(self._static(parsed))
+        if failure is not None:
+            raise failure
+        # State reads start now and run while the local checks proceed.
+        chain_read = asyncio.create_task(self._chain_state(parsed.sender))
+        try:
+            view = await self._sender_view(parsed, received_ms)
+            duplicate = self._duplicate_of(parsed, view)
+            if duplicate is not None:
+                return self._stored_response(duplicate, duplicate=True)
+            lease = first_or_raise(self._lease_checks(parsed, view))
+            first_or_raise([lambda: self._sender_signature(parsed)])
+            state = await chain_read
+            slot_seq = first_or_raise_value(self._state_checks(parsed, lease, view, state))
+            decision = await self._entitle(tx, parsed.sender, api_key)
+            await self._simulate(parsed, params)
+        finally:
+            if not chain_read.done():
+                chain_read.cancel()
+                with contextlib.suppress(BaseException):
+                    await chain_read
+        return await self._cosign_and_commit(parsed, lease, slot_seq, decision, request_id, received_ms)
+
+    # Stages -----------------------------------------------------------------------------------------
+    def _static(self, parsed: ParsedRelay) -> list[Callable[[], ApiError | None]]:
+        def relayer_shard(address: str) -> int | None:
+            info = self.relayers.get(address)
+            return None if info is None else info.shard
+
+        return static_checks(
+            parsed.tx,
+            self.network.params,
+            relayer_shard=relayer_shard,
+            lease_present=parsed.lease_token not in (None, ""),
+        )
+
+    async def _sender_view(self, parsed: ParsedRelay, now_ms: int) -> SenderView:
+        try:
+            return await self.repo.sender_view(parsed.sender, parsed.tx.nonce, parsed.intent_key, now_ms)
+        except Exception as exc:
+            log.warning("database unavailable before commit", error=type(exc).__name__)
+            raise ApiError("UPSTREAM_UNAVAILABLE", detail="database unavailable; nothing was sent") from None
+
+    def _duplicate_of(self, parsed: ParsedRelay, view: SenderView) -> Rec | None:
+        for row in view.at_nonce:
+            if row.bytes_sha256 == parsed.bytes_sha256:
+                return row
+        return None
+
+    def _lease_checks(self, parsed: ParsedRelay, view: SenderView) -> list[Callable[[], Any]]:
+        tx = parsed.tx
+        holder: dict[str, Lease] = {}
+
+        def key_reuse() -> ApiError | None:
+            row = view.key_row
+            if row is not None and row.state != "DEAD" and row.bytes_sha256 != parsed.bytes_sha256:
+                return ApiError(
+                    "INTENT_ALREADY_SUBMITTED",
+                    detail="this idempotency key was used for another transaction",
+                    details={
+                        "intent": intent_from_row(row, self.network.params.round_duration_ms).model_dump()
+                    },
+                )
+            return None
+
+        def verify() -> ApiError | None:
+            try:
+                holder["lease"] = self.leases.verify(parsed.lease_token)
+            except LeaseInvalid as exc:
+                return ApiError("LEASE_INVALID", detail=str(exc))
+            return None
+
+        def matches() -> ApiError | None:
+            lease = holder["lease"]
+            relayer = tx.relayer.to_bech32() if tx.relayer is not None else ""
+            if lease.sender != parsed.sender or lease.relayer != relayer:
+                return ApiError("LEASE_MISMATCH", detail="the lease was issued for another sender or relayer")
+            if lease.txHash is not None and lease.txHash != tx_hash(tx):
+                return ApiError(
+                    "LEASE_MISMATCH", detail="the lease was renewed for another signed transaction"
+                )
+            return None
+
+        def pin() -> ApiError | None:
+            lease = holder["lease"]
+            if lease.pinNonce is not None and lease.pinNonce != tx.nonce:
+                return ApiError(
+                    "NONCE_PIN_MISMATCH",
+                    detail=f"the assignment pinned nonce {lease.pinNonce}, the tx has {tx.nonce}",
+                )
+            return None
+
+        def fresh() -> ApiError | None:
+            lease = holder["lease"]
+            if lease.expired(self.now_ms()):
+                info = self.relayers.get(lease.relayer)
+                return ApiError(
+                    "LEASE_EXPIRED",
+                    detail="the lease is past its validity; renew it (renewFor) and resend the same bytes",
+                    details={"renewable": bool(info is not None and info.assignable)},
+                )
+            return None
+
+        def relayer_usable() -> ApiError | None:
+            info = self.relayers.get(holder["lease"].relayer)
+            if info is not None and info.assignable:
+                return None
+            return self.assign.resign_required(
+                parsed.sender, parsed.sender_pubkey, parsed.sender_shard, tx.nonce
+            )
+
+        def done() -> Lease:
+            return holder["lease"]
+
+        return [key_reuse, verify, matches, pin, fresh, relayer_usable, done]
+
+    def _sender_signature(self, parsed: ParsedRelay) -> ApiError | None:
+        if not verify_ed25519(parsed.sender_pubkey, parsed.signing_bytes, parsed.tx.signature):
+            return ApiError("SENDER_SIGNATURE_INVALID", detail="the sender signature does not verify")
+        return None
+
+    async def _chain_state(self, sender: str) -> ChainState:
+        try:
+            account, guardian, pool = await asyncio.gather(
+                self.gateway.account(sender),
+                self.gateway.guardian_data(sender),
+                self.gateway.pool_for_sender(sender, fields="hash,nonce,gasprice"),
+            )
+        except (GatewayUnavailable, GatewayRejected) as exc:
+            raise ApiError("UPSTREAM_UNAVAILABLE", detail="no gateway answered; nothing was sent") from exc
+        active = (guardian.get("activeGuardian") or {}).get("address") if guardian else None
+        return ChainState(
+            nonce=int(account.get("nonce", 0)),
+            balance=int(account.get("balance", "0")),
+            guarded=bool(guardian.get("guarded")) if guardian else False,
+            active_guardian=active or None,
+            pool=list(pool or []),
+        )
+
+    def _state_checks(
+        self, parsed: ParsedRelay, lease: Lease, view: SenderView, state: ChainState
+    ) -> list[Callable[[], Any]]:
+        tx = parsed.tx
+        nonce = tx.nonce
+        round_ms = self.network.params.round_duration_ms
+        ours_at_nonce = [r for r in view.at_nonce if r.state in ("COSIGNED", "BROADCAST")]
+        executed_at_nonce = [r for r in view.at_nonce if r.state in ("EXECUTED", "FINALIZED")]
+        replacing = lease.kind == "cancel" and lease.pinNonce == nonce
+        result: dict[str, int] = {"slot_seq": max((int(r.slot_seq) for r in view.at_nonce), default=-1) + 1}
+
+        def guardian() -> ApiError | None:
+            guarded_tx = is_guarded(tx)
+            if state.guarded and not guarded_tx:
+                return ApiError(
+                    "GUARDIAN_REQUIRED", detail="the sender is guarded; the transaction must be co-signed"
+                )
+            if guarded_tx:
+                named = (
+                    tx.guardian.to_bech32()
+                    if tx.guardian is not None and not tx.guardian.is_empty()
+                    else None
+                )
+                if not state.guarded or named != state.active_guardian:
+                    return ApiError(
+                        "GUARDIAN_MISMATCH", detail="the guardian is not the sender's active guardian"
+                    )
+                assert tx.guardian is not None
+                if not verify_ed25519(
+                    tx.guardian.get_public_key(), parsed.signing_bytes, tx.guardian_signature
+                ):
+                    return ApiError(
+                        "GUARDIAN_SIGNATURE_INVALID", detail="the guardian signature does not verify"
+                    )
+            return None
+
+        def executed() -> ApiError | None:
+            if executed_at_nonce:
+                intent = intent_from_row(executed_at_nonce[0], round_ms)
+                return ApiError(
+                    "INTENT_ALREADY_EXECUTED",
+                    detail=f"nonce {nonce} already executed",
+                    details={"intent": {"txHash": intent.txHash, "id": intent.id, "state": intent.state}},
+                )
+            if nonce < state.nonce:
+                return ApiError(
+                    "NONCE_TOO_LOW",
+                    detail=f"nonce {nonce} is below the account nonce {state.nonce}",
+                    details={
+                        "onchainNonce": state.nonce,
+                        "poolLastNonce": state.pool_last_nonce,
+                        "expectedNonce": self._expected_nonce(state, view),
+                    },
+                )
+            return None
+
+        def slot() -> ApiError | None:
+            pooled = state.pooled_at(nonce)
+            our_hashes = {r.tx_hash for r in view.at_nonce}
+            if ours_at_nonce:
+                occupier = max(ours_at_nonce, key=lambda r: int(r.gas_price))
+                if not replacing:
+                    return ApiError(
+                        "NONCE_IN_FLIGHT",
+                        detail=f"intent {occupier.tx_hash} holds nonce {nonce}; assign with cancel to replace it",
+                        details={
+                            "occupiedBy": {"id": f"{occupier.sender}:{nonce}", "txHash": occupier.tx_hash},
+                            "pinnedNonce": nonce,
+                        },
+                    )
+                if tx.gas_price <= int(occupier.gas_price):
+                    return self._underpriced(int(occupier.gas_price))
+                return None
+            if pooled is not None and pooled.get("hash") not in our_hashes:
+                pooled_price = _gas_price_of(pooled)
+                if not replacing:
+                    return self.assign.resign_same_nonce(
+                        parsed.sender, parsed.sender_pubkey, parsed.sender_shard, nonce, pooled_price + 1
+                    )
+                if tx.gas_price <= pooled_price:
+                    return self._underpriced(pooled_price)
+            return None
+
+        def gap() -> ApiError | None:
+            expected = self._expected_nonce(state, view)
+            if nonce > expected:
+                return ApiError(
+                    "NONCE_GAP",
+                    detail=f"nonce {nonce} skips ahead; the next usable nonce is {expected}",
+                    details={"expectedNonce": expected, "onchainNonce": state.nonce},
+                )
+            return None
+
+        def balance() -> ApiError | None:
+            if tx.value > state.balance:
+                return ApiError(
+                    "INSUFFICIENT_SENDER_BALANCE", detail="the sender cannot cover the value moved"
+                )
+            return None
+
+        def in_flight() -> ApiError | None:
+            if not replacing and len(view.in_flight) >= MAX_IN_FLIGHT:
+                return ApiError(
+                    "TOO_MANY_IN_FLIGHT",
+                    detail=f"the sender has {MAX_IN_FLIGHT} unsettled intents",
+                    details={"retryAfterMs": round_ms},
+                )
+            return None
+
+        def done() -> int:
+            return result["slot_seq"]
+
+        return [guardian, executed, slot, gap, balance, in_flight, done]
+
+    def _underpriced(self, current: int) -> ApiError:
+        return ApiError(
+            "REPLACEMENT_UNDERPRICED",
+            detail=f"a replacement must pay more than the pooled gas price {current}",
+            details={"minGasPrice": current + 1},
+        )
+
+    def _expected_nonce(self, state: ChainState, view: SenderView) -> int:
+        candidates = [state.nonce]
+        if state.pool_last_nonce is not None:
+            candidates.append(state.pool_last_nonce + 1)
+        if view.highest_in_flight_nonce is not None:
+            candidates.append(view.highest_in_flight_nonce + 1)
+        return max(candidates)
+
+    async def _entitle(self, tx: Transaction, sender: str, api_key: str | None) -> EntitlementDecision:
+        try:
+            return await self.entitlement.decide(tx, sender, api_key)
+        except (GatewayUnavailable, GatewayRejected) as exc:
+            raise ApiError(
+                "UPSTREAM_UNAVAILABLE", detail="could not read the contract; nothing was sent"
+            ) from exc
+
+    def _wants_simulation(self, tx: Transaction) -> bool:
+        mode = self.config.simulate
+        if mode == "never":
+            return False
+        if mode == "always":
+            return True
+        return bool(tx.data) and tx.receiver.get_public_key()[:8] == b"\0" * 8
+
+    async def _simulate(self, parsed: ParsedRelay, params: Any) -> None:
+        tx = parsed.tx
+        if not self._wants_simulation(tx):
+            return
+        try:
+            data = await self.gateway.simulate(parsed.wire, check_signature=False)
+        except GatewayRejected as exc:
+            raise ApiError(
+                "SIMULATION_FAILED", detail=f"simulation refused: {exc}", details={"returnMessage": str(exc)}
+            ) from None
+        except GatewayUnavailable as exc:
+            raise ApiError("UPSTREAM_UNAVAILABLE", detail="simulation unavailable; nothing was sent") from exc
+        result = data.get("result", data) if isinstance(data, dict) else {}
+        status = result.get("status")
+        if status not in (None, "success"):
+            message = result.get("failReason") or status
+            raise ApiError(
+                "SIMULATION_FAILED",
+                detail=f"it would fail on chain: {message}",
+                details={"returnMessage": message},
+            )
+        used = result.get("gasUsed")
+        if used is None:
+            return
+        movement = params.gas_rules().movement_gas(
+            data_len=len(tx.data), guarded=is_guarded(tx), relayed=True
+        )
+        processing = max(0, int(used) - movement)
+        if processing > 0:
+            ceiling = movement + int(OVERPROVISION_FACTOR * processing)
+            if tx.gas_limit > ceiling:
+                raise ApiError(
+                    "GAS_OVERPROVISIONED",
+                    detail=f"gas limit far above the simulated need; at most {ceiling}",
+                    details={"limit": ceiling, "actual": tx.gas_limit},
+                )
+
+    # The commit point ---------------------------------------------------------------------------------
+    async def _cosign_and_commit(
+        self,
+        parsed: ParsedRelay,
+        lease: Lease,
+        slot_seq: int,
+        decision: EntitlementDecision,
+        request_id: str,
+        received_ms: int,
+    ) -> tuple[int, RelayResponse]:
+        tx = parsed.tx
+        relayer = tx.relayer.to_bech32()
+        try:
+            signature = await sign_with_deadline(
+                self.signer, relayer, parsed.signing_bytes, self.config.signer_deadline_ms
+            )
+        except SignerError as exc:
+            raise ApiError(exc.code, detail=str(exc)) from None
+        tx.relayer_signature = signature
+        wire = tx_to_wire(tx)
+        final_hash = tx_hash(tx)
+        cosigned_ms = self.now_ms()
+        receiver_pk = tx.receiver.get_public_key()
+        values = {
+            "sender": parsed.sender,
+            "nonce": tx.nonce,
+            "slot_seq": slot_seq,
+            "tx_hash": final_hash,
+            "bytes_sha256": parsed.bytes_sha256,
+            "state": "COSIGNED",
+            "seq": 1,
+            "sender_shard": parsed.sender_shard,
+            "receiver": tx.receiver.to_bech32(),
+            "relayer": relayer,
+            "cross_shard": shard_of_pubkey(receiver_pk) != parsed.sender_shard
+            and receiver_pk[:8] != b"\0" * 8
+            or _cross_shard_contract(receiver_pk, parsed.sender_shard),
+            "gas_limit": tx.gas_limit,
+            "gas_price": tx.gas_price,
+            "value_atto": tx.value,
+            "lease_kind": lease.kind,
+            "billing": decision.as_json(),
+            "intent_key": parsed.intent_key,
+            "tx": wire,
+            "host_id": self.config.host_id,
+            "request_id": request_id,
+            "received_at_ms": received_ms,
+            "cosigned_at_ms": cosigned_ms,
+            "send_attempts": 0,
+            "updated_at_ms": cosigned_ms,
+        }
+        try:
+            pk = await self.repo.commit(values, parsed.intent_key, KEY_TTL_MS)
+        except CommitConflict:
+            return await self._lost_race(parsed)
+        except Exception as exc:
+            log.warning("commit failed; the signature is discarded", error=type(exc).__name__)
+            raise ApiError("UPSTREAM_UNAVAILABLE", detail="database unavailable; nothing was sent") from None
+        # From here on: 200 or 202, whatever happens.
+        row = Rec(
+            pk=pk,
+            **values,
+            broadcast_at_ms=None,
+            executed_block_ts_ms=None,
+            finalized_at_ms=None,
+            outcome=None,
+            dead_reason=None,
+            replaced_by=None,
+            last_sent_at_ms=cosigned_ms,
+        )
+        try:
+            sent = self.broadcaster.send(pk, wire, final_hash)
+            self.tracker.watch(row)
+            remaining = max(0.0, (received_ms + ACK_WAIT_MS - self.now_ms()) / 1000)
+            ack_ms = await asyncio.wait_for(asyncio.shield(sent.ack_ms), remaining)
+        except (TimeoutError, Exception):  # noqa: BLE001 - after the commit point nothing may fail the answer
+            ack_ms = None
+        if ack_ms is not None:
+            row = row._replace(state="BROADCAST", broadcast_at_ms=ack_ms, seq=2)
+        return self._stored_response(row, duplicate=False)
+
+    async def _lost_race(self, parsed: ParsedRelay) -> tuple[int, RelayResponse]:
+        view = await self._sender_view(parsed, self.now_ms())
+        duplicate = self._duplicate_of(parsed, view)
+        if duplicate is not None:
+            return self._stored_response(duplicate, duplicate=True)
+        row = view.key_row
+        if row is not None and row.state != "DEAD":
+            raise ApiError(
+                "INTENT_ALREADY_SUBMITTED",
+                detail="this idempotency key was used for another transaction",
+                details={"intent": intent_from_row(row, self.network.params.round_duration_ms).model_dump()},
+            )
+        occupier = next((r for r in view.at_nonce if r.state in ("COSIGNED", "BROADCAST")), None)
+        raise ApiError(
+            "NONCE_IN_FLIGHT",
+            detail="another submission took this nonce first",
+            details={
+                "occupiedBy": {
+                    "id": f"{parsed.sender}:{parsed.tx.nonce}",
+                    "txHash": occupier.tx_hash if occupier else None,
+                },
+                "pinnedNonce": parsed.tx.nonce,
+            },
+        )
+
+    def _stored_response(self, row: Rec, *, duplicate: bool) -> tuple[int, RelayResponse]:
+        intent = intent_from_row(row, self.network.params.round_duration_ms)
+        billing = (
+            BillingInfo(**row.billing) if isinstance(row.billing, dict) else BillingInfo(authMode="signed_tx")
+        )
+        response = RelayResponse(
+            id=intent.id,
+            txHash=row.tx_hash,
+            state=intent.state,
+            duplicate=duplicate,
+            relayer=row.relayer,
+            intent=intent,
+            billing=billing,
+        )
+        return (202 if intent.state == "COSIGNED" else 200), response
+
+    def _record_rejection(
+        self, parsed: ParsedRelay, error: ApiError, request_id: str, received_ms: int
+    ) -> None:
+        values = {
+            "sender": parsed.sender,
+            "nonce": parsed.tx.nonce,
+            "tx_hash": tx_hash(parsed.tx),
+            "code": error.code,
+            "status": error.status,
+            "detail": error.detail[:500] if error.detail else None,
+            "host_id": self.config.host_id,
+            "request_id": request_id,
+            "received_at_ms": received_ms,
+        }
+
+        async def write() -> None:
+            try:
+                await self.repo.record_rejection(values)
+            except Exception as exc:  # best effort: the client already has its answer
+                log.warning("could not record a rejection", error=type(exc).__name__)
+
+        task = asyncio.create_task(write())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # Validate and quote -----------------------------------------------------------------------------
+    async def validate(self, raw: bytes) -> ValidateResponse:
+        """Every problem relay would return, without signing, storing or sending anything."""
+        body = parse_json_body(raw)
+        try:
+            parsed = parse_relay_body(body, None)
+        except ApiError as error:
+            return self._validate_response([error], None)
+        problems = all_failures(self._static(parsed))
+        if problems:
+            return self._validate_response(problems, parsed)
+        try:
+            view = await self._sender_view(parsed, self.now_ms())
+            if self._duplicate_of(parsed, view) is not None:
+                return self._validate_response([], parsed)
+            lease_checks = self._lease_checks(parsed, view)
+            problems = []
+            lease: Lease | None = None
+            for check in lease_checks[:-1]:
+                error = check()
+                if error is not None:
+                    problems.append(error)
+                    break  # later lease checks read the verified lease
+            else:
+                lease = lease_checks[-1]()
+            signature = self._sender_signature(parsed)
+            if signature is not None:
+                problems.append(signature)
+            if problems or lease is None:
+                return self._validate_response(problems, parsed)
+            state = await self._chain_state(parsed.sender)
+            state_checks = self._state_checks(parsed, lease, view, state)
+            problems = [e for check in state_checks[:-1] if (e := check()) is not None]
+            if problems:
+                return self._validate_response(problems, parsed)
+            await self._entitle(parsed.tx, parsed.sender, None)
+            await self._simulate(parsed, self.network.params)
+        except ApiError as error:
+            return self._validate_response([*problems, error] if problems else [error], parsed)
+        try:
+            self.signer.check()
+        except SignerError as exc:
+            return self._validate_response([ApiError(exc.code, detail=str(exc))], parsed)
+        return self._validate_response([], parsed)
+
+    def _validate_response(self, problems: list[ApiError], parsed: ParsedRelay | None) -> ValidateResponse:
+        documents = [
+            ValidateProblem(
+                **{
+                    k: v
+                    for k, v in problem_document(p, docs_url=self.config.docs_url, request_id="").items()
+                    if k in ValidateProblem.model_fields
+                }
+            )
+            for p in problems
+        ]
+        return ValidateResponse(
+            ok=not problems, problems=documents, txHash=tx_hash(parsed.tx) if parsed is not None else None
+        )
+
+
+def _cross_shard_contract(receiver_pk: bytes, sender_shard: int) -> bool:
+    # Contract addresses carry their shard in the last byte like any other address.
+    return receiver_pk[:8] == b"\0" * 8 and shard_of_pubkey(receiver_pk) != sender_shard
+
+
+def first_or_raise(checks: list[Callable[[], Any]]) -> Any:
+    """Run checks in order; raise the first ApiError; the last callable's value is the stage's result."""
+    *rules, finish = checks if len(checks) > 1 else (*checks, lambda: None)
+    for rule in rules:
+        error = rule()
+        if error is not None:
+            raise error
+    return finish()
+
+
+first_or_raise_value = first_or_raise

@@ -1,0 +1,135 @@
+"""Fencing: a signer signs only while it holds the database lease for its identity.
+
+Two processes configured with the same signer identity (a host restarted while the old one hangs, a copied
+config) must never both sign. Each process claims the identity's row with a fresh holder id; it renews the
+claim every third of its TTL and refuses to sign once it cannot prove the claim is still its own (another
+holder took it, or the database has been unreachable for longer than the claim lasts). A restarted process
+takes the identity over only after the previous claim expired.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+
+import structlog
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gasless.db import begin_write, signer_fences
+from gasless.signer.base import RelayerKey, Signer, SignerFenced
+
+log = structlog.get_logger("gasless.signer")
+
+# Stop signing this long before the claim's end: a signature must never outlive the proof behind it.
+SAFETY_MARGIN_MS = 500
+
+
+class FencedSigner:
+    """Wraps a Signer; `sign` and `check` raise SignerFenced unless the identity's claim is held."""
+
+    def __init__(
+        self,
+        inner: Signer,
+        engine: AsyncEngine,
+        *,
+        signer_id: str,
+        ttl_ms: int = 10_000,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.inner = inner
+        self.engine = engine
+        self.signer_id = signer_id
+        self.ttl_ms = ttl_ms
+        self.holder = uuid.uuid4().hex
+        self.token: int | None = None
+        self._clock = clock
+        self._valid_until_ms = 0
+        self._lost = False
+        self._task: asyncio.Task[None] | None = None
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    async def start(self) -> None:
+        await self._claim()
+        self._task = asyncio.create_task(self._keep(), name=f"fence:{self.signer_id}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _claim(self) -> bool:
+        """Take or renew the claim; False when another live holder has it."""
+        now = self._now_ms()
+        try:
+            async with begin_write(self.engine) as conn:
+                row = (
+                    await conn.execute(
+                        select(signer_fences).where(signer_fences.c.signer_id == self.signer_id)
+                    )
+                ).first()
+                if row is None:
+                    token = 1
+                    await conn.execute(
+                        signer_fences.insert().values(
+                            signer_id=self.signer_id,
+                            holder=self.holder,
+                            token=token,
+                            expires_at_ms=now + self.ttl_ms,
+                            updated_at_ms=now,
+                        )
+                    )
+                elif row.holder == self.holder or row.expires_at_ms < now:
+                    if row.holder != self.holder and self.token is not None:
+                        # Our claim lapsed and someone may have held it since: never silently resume.
+                        self._lost = True
+                        return False
+                    token = row.token if row.holder == self.holder else row.token + 1
+                    await conn.execute(
+                        update(signer_fences)
+                        .where(signer_fences.c.signer_id == self.signer_id)
+                        .values(
+                            holder=self.holder,
+                            token=token,
+                            expires_at_ms=now + self.ttl_ms,
+                            updated_at_ms=now,
+                        )
+                    )
+                else:
+                    if self.token is not None:
+                        self._lost = True
+                        log.error("signer fenced: another holder took the identity", signer_id=self.signer_id)
+                    return False
+        except Exception as exc:  # database unreachable: keep the old proof until it runs out
+            log.warning("signer fence renewal failed", signer_id=self.signer_id, error=type(exc).__name__)
+            return False
+        self.token = token
+        self._valid_until_ms = now + self.ttl_ms - SAFETY_MARGIN_MS
+        return True
+
+    async def _keep(self) -> None:
+        while not self._lost:
+            await asyncio.sleep(self.ttl_ms / 3 / 1000)
+            await self._claim()
+
+    @property
+    def holds(self) -> bool:
+        return not self._lost and self.token is not None and self._now_ms() < self._valid_until_ms
+
+    def check(self) -> None:
+        if not self.holds:
+            raise SignerFenced("signer cannot prove it is the only holder of its identity")
+        self.inner.check()
+
+    def relayers(self) -> list[RelayerKey]:
+        return self.inner.relayers()
+
+    async def sign(self, relayer: str, message: bytes) -> bytes:
+        self.check()
+        return await self.inner.sign(relayer, message)

@@ -1,0 +1,239 @@
+"""GatewayClient against the real localnet gateways: reads with failover, broadcast, node rejections."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from multiversx_sdk import Transaction, TransactionComputer
+
+from gasless.chain.addresses import METACHAIN
+from gasless.chain.codec import tx_hash, tx_to_wire
+from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable, SendResult
+
+computer = TransactionComputer()
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+async def set_faults(session: aiohttp.ClientSession, url: str, faults: dict[str, Any]) -> None:
+    async with session.post(f"{url}/localnet/faults", json=faults) as response:
+        assert response.status == 200, await response.text()
+
+
+def wallet(net: Any, kind: str, shard: int) -> Any:
+    wallets = net.net.genesis.relayers if kind == "relayer" else net.net.genesis.users
+    return next(w for w in wallets if w.shard == shard)
+
+
+def relayed_wire(net: Any, shard: int = 1, nonce: int = 0, *, data: bytes = b"ping") -> dict[str, Any]:
+    """A real, signed Relayed-V3 transfer from the shard's demo user (no EGLD) paid by its relayer."""
+    sender, relayer = wallet(net, "user", shard), wallet(net, "relayer", shard)
+    tx = Transaction(
+        sender=sender.address,
+        receiver=sender.address,
+        nonce=nonce,
+        chain_id="localnet",
+        version=2,
+        gas_limit=50_000 + 50_000 + 1_500 * len(data),
+        gas_price=10**9,
+        data=data,
+        relayer=relayer.address,
+    )
+    tx.signature = sender.secret_key.sign(computer.compute_bytes_for_signing(tx))
+    tx.relayer_signature = relayer.secret_key.sign(computer.compute_bytes_for_signing(tx))
+    return tx_to_wire(tx)
+
+
+def expected_hash(wire: dict[str, Any]) -> str:
+    return tx_hash(Transaction.new_from_dictionary(wire))
+
+
+# Reads ------------------------------------------------------------------------------------------------
+async def test_reads_return_real_data(localnet, session) -> None:  # type: ignore[no-untyped-def]
+    client = GatewayClient(session, [localnet.url])
+    config = await client.network_config()
+    assert config["erd_chain_id"] == "localnet" and config["erd_round_duration"] == 100
+    meta = await client.network_status(METACHAIN)
+    assert meta["erd_highest_final_nonce"] <= meta["erd_nonce"]
+    user = wallet(localnet, "user", 1).address.to_bech32()
+    account = await client.account(user)
+    assert account == {**account, "address": user, "nonce": 0, "balance": "0"}
+    assert (await client.guardian_data(user))["guarded"] is False
+    block = await client.block_by_nonce(1, 0)
+    assert block["nonce"] == 0 and block["shard"] == 1 and block["hash"]
+    assert await client.pool_for_sender(user) == []
+
+
+async def test_pool_simulate_cost_and_transaction(localnet, session) -> None:  # type: ignore[no-untyped-def]
+    client = GatewayClient(session, [localnet.url])
+    wire = relayed_wire(localnet, shard=2)
+    simulated = await client.simulate(wire)
+    assert simulated["status"] == "success" and simulated["hash"] == expected_hash(wire)
+    cost = await client.cost({**wire, "gasLimit": 0})
+    assert cost["txGasUnits"] == 50_000 + 50_000 + 4 * 1_500 and cost["returnMessage"] == ""
+
+    localnet.call(lambda: localnet.net.chain.faults.stalled_shards.add(2))  # keep it in the pool
+    ack = await client.broadcast(wire).first_ack
+    assert ack.ok
+    sender = wire["sender"]
+    pool = await client.pool_for_sender(sender)
+    assert pool == [{"hash": ack.tx_hash, "nonce": 0, "gasprice": 10**9, "relayer": wire["relayer"]}]
+    pending = await client.transaction(ack.tx_hash, sender=sender)
+    assert pending is not None and pending["status"] == "pending"
+    localnet.call(lambda: localnet.net.chain.faults.stalled_shards.discard(2))
+    for _ in range(100):
+        done = await client.transaction(ack.tx_hash)
+        assert done is not None
+        if done["status"] == "success":
+            break
+        await asyncio.sleep(0.05)
+    assert done["status"] == "success" and done["relayerAddress"] == wire["relayer"]
+    assert done["hyperblockNonce"] > 0
+
+
+async def test_unknown_hash_is_none(localnet, session) -> None:  # type: ignore[no-untyped-def]
+    client = GatewayClient(session, [localnet.url])
+    assert await client.transaction("ab" * 32) is None
+
+
+async def test_node_errors_raise_rejected_with_the_node_string(localnet, session) -> None:  # type: ignore[no-untyped-def]
+    client = GatewayClient(session, localnet.urls)
+    with pytest.raises(GatewayRejected) as err:
+        await client.account("erd1notanaddress")
+    assert (err.value.message, err.value.status) == ("cannot decode address", 400)
+    with pytest.raises(GatewayRejected) as err:
+        await client.block_by_nonce(1, 10**9)
+    assert (err.value.message, err.value.status) == ("block not found", 500)
+    wire = relayed_wire(localnet)
+    with pytest.raises(GatewayRejected) as err:
+        await client.simulate({**wire, "nonce": -1})
+    assert err.value.status == 400
+    assert err.value.message.startswith("transaction generation failed: nonce")
+    with pytest.raises(ValueError):
+        await client.post("/transaction/send", wire)  # sends go through broadcast()
+
+
+async def test_vm_query_decodes_and_rejects(localnet, session) -> None:  # type: ignore[no-untyped-def]
+    client = GatewayClient(session, [localnet.url])
+    contract = localnet.net.genesis.contract.to_bech32()
+    parts = await client.vm_query(contract, "getPauseState")
+    assert parts and all(isinstance(p, bytes) for p in parts)
+    owner = localnet.net.genesis.owner.address
+    senders = await client.vm_query(contract, "getSenders", [owner.get_public_key()])
+    assert senders == []
+    with pytest.raises(GatewayRejected) as err:
+        await client.vm_query(contract, "noSuchView")
+    assert "not found" in err.value.message
+    with pytest.raises(GatewayRejected) as err:
+        await client.vm_query(owner.to_bech32(), "getPauseState")
+    assert err.value.message == "executeQuery: executeQuery: contract not found" and err.value.status == 400
+
+
+async def test_read_fails_over_when_the_first_gateway_is_down(localnet_two_gateways, session) -> None:  # type: ignore[no-untyped-def]
+    net = localnet_two_gateways
+    first, second = net.urls
+    client = GatewayClient(session, net.urls, timeout_ms=500)
+    assert client.preferred_url == first
+    await set_faults(session, first, {"gateway": {"down": True}})
+    assert (await client.network_config())["erd_chain_id"] == "localnet"
+    assert client.preferred_url == second  # the next read starts at the gateway that answered
+    # A 5xx without a node message, and a gateway slower than the timeout, are failed over too.
+    await set_faults(session, first, {"gateway": {"down": False, "errorRate": 1.0, "errorStatus": 500}})
+    client = GatewayClient(session, net.urls, timeout_ms=500)
+    assert (await client.network_status(0))["erd_nonce"] >= 0
+    assert client.preferred_url == second
+    await set_faults(session, first, {"gateway": {"errorRate": 0.0, "latencyMs": {"*": 1_000}}})
+    client = GatewayClient(session, net.urls, timeout_ms=300)
+    assert (await client.network_status(1))["erd_nonce"] >= 0
+    # A node's answer is final: the slow gateway (which would answer within this timeout) is never asked.
+    client = GatewayClient(session, [second, first], timeout_ms=5_000)
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(GatewayRejected) as err:
+        await client.account("erd1notanaddress")
+    assert err.value.url == second and client.preferred_url == second
+    assert asyncio.get_running_loop().time() - started < 1.5
+
+
+async def test_all_gateways_down_is_unavailable(localnet_two_gateways, session) -> None:  # type: ignore[no-untyped-def]
+    net = localnet_two_gateways
+    for url in net.urls:
+        await set_faults(session, url, {"gateway": {"down": True}})
+    client = GatewayClient(session, net.urls, timeout_ms=500)
+    with pytest.raises(GatewayUnavailable) as err:
+        await client.network_config()
+    assert "gateway unavailable" in str(err.value)
+    unreachable = GatewayClient(session, ["http://127.0.0.1:9"], timeout_ms=300)
+    with pytest.raises(GatewayUnavailable):
+        await unreachable.network_config()
+
+
+# Broadcast --------------------------------------------------------------------------------------------
+async def test_broadcast_to_two_gateways_acks_with_the_hash(localnet_two_gateways, session) -> None:  # type: ignore[no-untyped-def]
+    net = localnet_two_gateways
+    client = GatewayClient(session, net.urls)
+    wire = relayed_wire(net)
+    sent = client.broadcast(wire)
+    ack = await sent.first_ack
+    assert isinstance(ack, SendResult) and ack.ok and ack.status == 200
+    assert ack.tx_hash == expected_hash(wire) and ack.url in net.urls and ack.elapsed_ms > 0
+    results = await sent.results
+    assert [r.url for r in results] == net.urls
+    assert all(r.ok and r.tx_hash == ack.tx_hash for r in results)  # the same tx: the same hash
+
+
+async def test_broadcast_acks_when_one_gateway_drops_acks(localnet_two_gateways, session) -> None:  # type: ignore[no-untyped-def]
+    net = localnet_two_gateways
+    first, second = net.urls
+    await set_faults(session, first, {"gateway": {"dropAcks": -1, "ackHangMs": 1_500}})
+    client = GatewayClient(session, net.urls, timeout_ms=600)
+    wire = relayed_wire(net, shard=0)
+    sent = client.broadcast(wire)
+    ack = await sent.first_ack
+    assert ack.ok and ack.url == second and ack.tx_hash == expected_hash(wire)
+    dropped, answered = await sent.results
+    assert not dropped.ok and dropped.status is None and "timed out" in (dropped.error or "")
+    assert answered.ok
+
+
+async def test_broadcast_acks_when_one_gateway_is_down(localnet_two_gateways, session) -> None:  # type: ignore[no-untyped-def]
+    net = localnet_two_gateways
+    first, second = net.urls
+    await set_faults(session, second, {"gateway": {"down": True}})
+    client = GatewayClient(session, net.urls)
+    wire = relayed_wire(net, shard=2)
+    sent = client.broadcast(wire)
+    ack = await sent.first_ack
+    assert ack.ok and ack.url == first and ack.tx_hash == expected_hash(wire)
+    results = await sent.results
+    assert (results[1].ok, results[1].status, results[1].error) == (False, 503, "gateway unavailable")
+
+
+async def test_broadcast_all_down_resolves_with_a_failure(localnet_two_gateways, session) -> None:  # type: ignore[no-untyped-def]
+    net = localnet_two_gateways
+    await set_faults(session, net.urls[0], {"gateway": {"down": True}})
+    client = GatewayClient(session, [*net.urls[:1], "http://127.0.0.1:9"], timeout_ms=500)
+    sent = client.broadcast(relayed_wire(net))
+    ack = await sent.first_ack  # never raises
+    assert not ack.ok and ack.tx_hash is None and ack.error
+    results = await sent.results
+    assert not any(r.ok for r in results)
+    assert results[0].status == 503 and results[1].status is None
+
+
+async def test_broadcast_of_a_bad_tx_reports_the_node_error(localnet_two_gateways, session) -> None:  # type: ignore[no-untyped-def]
+    net = localnet_two_gateways
+    client = GatewayClient(session, net.urls)
+    wire = {**relayed_wire(net), "signature": "00" * 64}
+    sent = client.broadcast(wire)
+    ack = await sent.first_ack
+    assert not ack.ok
+    assert (ack.status, ack.error) == (400, "transaction generation failed: ed25519: invalid signature")
+    assert all(r.error == ack.error for r in await sent.results)
