@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,6 +130,7 @@ class LocalChain:
         self.genesis_ms = genesis_ms if genesis_ms is not None else int(time.time() * 1000)
         self.round = 0
         self.records: dict[str, TxRecord] = {}
+        self.submissions: Counter[str] = Counter()
         # sender pubkey -> nonce -> candidates (replacements at the same nonce compete on gas price)
         self.pool: dict[bytes, dict[int, list[TxRecord]]] = defaultdict(dict)
         self.pool_senders: dict[int, dict[bytes, None]] = {s: {} for s in range(self.config.num_shards)}
@@ -162,6 +163,7 @@ class LocalChain:
     def submit(self, tx: Transaction) -> str:
         """Validate and add to the pool; the hash, or NodeError with the node's message."""
         h = compute_tx_hash(tx)
+        self.submissions[h] += 1  # every send, accepted or not: tests count broadcasts with it
         if h in self.records:
             return h  # the same transaction again: already known, nothing changes
         self.validate(tx)

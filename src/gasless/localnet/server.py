@@ -60,7 +60,8 @@ class Localnet:
         """Serve one gateway per port (0 picks a free port); returns their base URLs."""
         for port in ports or [0]:
             app = build_gateway_app(self.chain, self.info)
-            runner = web.AppRunner(app, access_log=None)
+            # Stop promptly even while a fault holds a request (a held send waits up to minutes).
+            runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
             await runner.setup()
             site = web.TCPSite(runner, host, port)
             await site.start()

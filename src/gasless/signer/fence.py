@@ -131,5 +131,8 @@ class FencedSigner:
         return self.inner.relayers()
 
     async def sign(self, relayer: str, message: bytes) -> bytes:
+        if not self.holds and not self._lost:
+            # The proof ran out (e.g. a database blip outlasted it): try to renew it once before refusing.
+            await self._claim()
         self.check()
         return await self.inner.sign(relayer, message)
