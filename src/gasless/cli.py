@@ -12,12 +12,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gasless.cli_relay import relay_app
 from gasless.logs import configure_logging
 
 app = typer.Typer(
     help="gasless: the gasless relaying service for MultiversX.", no_args_is_help=True, add_completion=False
 )
 console = Console(stderr=True)
+
+app.add_typer(relay_app, name="relay")
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="Where wallets, the database and secrets live.")]
 

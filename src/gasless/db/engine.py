@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import weakref
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -79,14 +80,30 @@ def _sqlite_on_begin(conn: Connection) -> None:
     conn.exec_driver_sql(f"BEGIN {mode}")
 
 
+_writer_locks: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+def _writer_lock(engine: AsyncEngine) -> asyncio.Lock:
+    lock = _writer_locks.get(engine.sync_engine)
+    if lock is None:
+        lock = _writer_locks[engine.sync_engine] = asyncio.Lock()
+    return lock
+
+
 @asynccontextmanager
 async def begin_write(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """A transaction meant to write: on SQLite it takes the write lock up front (BEGIN IMMEDIATE)."""
-    async with engine.connect() as conn:
-        if conn.dialect.name == "sqlite":
-            # A deferred transaction that reads then writes can fail with SQLITE_BUSY without waiting;
-            # IMMEDIATE queues writers behind busy_timeout instead.
-            conn = await conn.execution_options(**{BEGIN_MODE_OPTION: "IMMEDIATE"})
+    if engine.dialect.name != "sqlite":
+        async with engine.connect() as conn, conn.begin():
+            yield conn
+        return
+    # SQLite has one writer. Writers of this process queue on an asyncio lock instead of in SQLite's busy
+    # handler, whose back-off sleeps (up to 100 ms per try) would dominate latency under load; busy_timeout
+    # still arbitrates between processes.
+    async with _writer_lock(engine), engine.connect() as conn:
+        # A deferred transaction that reads then writes can fail with SQLITE_BUSY without waiting;
+        # IMMEDIATE queues writers behind busy_timeout instead.
+        conn = await conn.execution_options(**{BEGIN_MODE_OPTION: "IMMEDIATE"})
         async with conn.begin():
             yield conn
 

@@ -7,13 +7,14 @@ is never read here. A host whose clock is not synchronised with the chain mints 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable
 from typing import Any
 
 from gasless.auth.native_auth import NativeAuthError, NativeAuthVerifier
 from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubkey
-from gasless.chain.codec import tx_hash, verify_ed25519
+from gasless.chain.codec import signing_bytes, tx_hash, verify_ed25519
 from gasless.chain.network import NetworkView
 from gasless.errors import ApiError
 from gasless.limits import TokenBuckets
@@ -89,7 +90,7 @@ class AssignService:
             "sponsor" if request.proof is not None and request.proof.kind == "sponsor" else "std"
         )
         if request.renewFor is not None:
-            return self._renew(request.renewFor, sender, pubkey, shard, kind, now)
+            return await self._renew(request.renewFor, sender, pubkey, shard, kind, now)
         if request.cancel is not None:
             return await self._cancel(sender, pubkey, shard, request.cancel, now)
         relayer = self._choose(pubkey, shard)
@@ -192,7 +193,7 @@ class AssignService:
             serverTimeMs=now,
         )
 
-    def _renew(
+    async def _renew(
         self, wire: dict[str, Any], sender: str, pubkey: bytes, shard: int, kind: LeaseKind, now: int
     ) -> Assignment:
         tx = parse_transaction(wire, "renewFor")
@@ -210,7 +211,15 @@ class AssignService:
             raise ApiError("RELAYER_UNKNOWN", detail=f"{relayer_address or 'no relayer'} is not one of ours")
         if not info.assignable:
             raise self.resign_required(sender, pubkey, shard, tx.nonce)
-        return self._assignment(sender, info, kind, now, pin_nonce=tx.nonce, tx_hash_=tx_hash(tx))
+        signed_hash = tx_hash(tx)
+        occupier = await self.repo.by_slot(sender, tx.nonce)
+        same_bytes = (
+            occupier is not None and occupier.bytes_sha256 == hashlib.sha256(signing_bytes(tx)).hexdigest()
+        )
+        if occupier is not None and occupier.state in ("COSIGNED", "BROADCAST") and not same_bytes:
+            # The renewed transaction replaces an in-flight intent: it keeps its cancel lease's meaning.
+            kind = "cancel"
+        return self._assignment(sender, info, kind, now, pin_nonce=tx.nonce, tx_hash_=signed_hash)
 
     async def _cancel(self, sender: str, pubkey: bytes, shard: int, nonce: int, now: int) -> Assignment:
         occupier = await self.repo.by_slot(sender, nonce)

@@ -17,6 +17,7 @@ import structlog
 
 from gasless.chain.gateway import Broadcast, GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
+from gasless.db import intents
 from gasless.relay.events import IntentBus
 from gasless.relay.repository import IN_FLIGHT, IntentRepository, Rec
 
@@ -60,13 +61,23 @@ class Broadcaster:
         ack_ms = now_ms() if result.tx_hash is not None else None
         sent.ack_ms.set_result(ack_ms)
         try:
+            row = None
             if ack_ms is not None:
                 if result.tx_hash != tx_hash:
                     log.error(
                         "gateway returned another hash", expected=tx_hash, got=result.tx_hash, url=result.url
                     )
+                # One write in the common case: the first acknowledgement and the send bookkeeping together.
                 row = await self.repo.transition(
-                    pk, ("COSIGNED",), {"state": "BROADCAST", "broadcast_at_ms": ack_ms}, ack_ms
+                    pk,
+                    ("COSIGNED",),
+                    {
+                        "state": "BROADCAST",
+                        "broadcast_at_ms": ack_ms,
+                        "last_sent_at_ms": ack_ms,
+                        "send_attempts": intents.c.send_attempts + 1,
+                    },
+                    ack_ms,
                 )
                 if row is not None:
                     self.bus.publish(row)
@@ -74,7 +85,8 @@ class Broadcaster:
                 log.warning(
                     "no gateway acknowledged; the tracker re-sends", tx_hash=tx_hash, error=result.error
                 )
-            await self.repo.note_sent(pk, now_ms())
+            if row is None:
+                await self.repo.note_sent(pk, now_ms())
         except Exception as exc:  # the tracker repairs state from the chain; never lose the task silently
             log.warning("could not record the broadcast", tx_hash=tx_hash, error=type(exc).__name__)
 
@@ -107,14 +119,15 @@ class Tracker:
         self.give_up_ms = give_up_ms
         self.clock = clock
         self._tracked: dict[int, Rec] = {}
+        self._next_check: dict[int, int] = {}
         self._task: asyncio.Task[None] | None = None
         self._resynced_ms = 0
-        self._wake = asyncio.Event()
         self._limit = asyncio.Semaphore(32)
 
     def watch(self, row: Rec) -> None:
         self._tracked[int(row.pk)] = row
-        self._wake.set()
+        # A fresh intent cannot be in a block before the next round: look at it then.
+        self._next_check[int(row.pk)] = self.clock() + self.network.params.round_duration_ms // 2
 
     @property
     def tracked(self) -> int:
@@ -145,9 +158,7 @@ class Tracker:
     async def _loop(self) -> None:
         while True:
             interval = max(0.05, self.network.params.round_duration_ms / 2000)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), interval)
-            self._wake.clear()
+            await asyncio.sleep(interval)
             try:
                 await self.tick()
             except Exception as exc:  # one bad tick must not stop tracking
@@ -163,8 +174,15 @@ class Tracker:
                     self._tracked.pop(pk, None)
             for pk, row in fresh.items():
                 self._tracked.setdefault(pk, row)
-        if self._tracked:
-            await asyncio.gather(*(self._check(row) for row in list(self._tracked.values())))
+        for pk in [pk for pk in self._next_check if pk not in self._tracked]:
+            del self._next_check[pk]
+        due = [row for pk, row in list(self._tracked.items()) if self._next_check.get(pk, 0) <= now]
+        # Each intent is looked at about once per round: the chain cannot change faster than that.
+        next_at = now + max(50, self.network.params.round_duration_ms // 2)
+        for row in due:
+            self._next_check[int(row.pk)] = next_at
+        if due:
+            await asyncio.gather(*(self._check(row) for row in due))
 
     async def _check(self, row: Rec) -> None:
         async with self._limit:

@@ -425,8 +425,11 @@ class RelayService:
         tx = parsed.tx
         if not self._wants_simulation(tx):
             return
+        # The relayer has not signed yet: simulate without signature checks, with a placeholder relayer
+        # signature so the node sees a complete Relayed-V3 transaction (the sender's was verified already).
+        wire = {**parsed.wire, "relayerSignature": "00" * 64}
         try:
-            data = await self.gateway.simulate(parsed.wire, check_signature=False)
+            data = await self.gateway.simulate(wire, check_signature=False)
         except GatewayRejected as exc:
             raise ApiError(
                 "SIMULATION_FAILED", detail=f"simulation refused: {exc}", details={"returnMessage": str(exc)}

@@ -1,0 +1,383 @@
+"""Relay throughput and latency: N relays from M senders through the real API against localnet.
+
+Starts `gasless localnet` and `gasless serve` (SQLite, the embedded default's storage) as two processes,
+grants a plan to M fresh senders, assigns once per sender and pre-signs every transaction (the client's
+work is not measured), then:
+
+1. max: posts all of them at a high concurrency and reports relays/s;
+2. paced: posts a second set open-loop at 50% of the measured maximum and reports the latency figures
+   the service stamps on each intent (acceptToCosignMs, addedMs) at p50/p95/p99.
+
+In the same run it measures the floor: the bare cost of the same per-relay work in a tight loop in one
+process (verify the sender signature, co-sign, hash, one durable SQLite insert).
+
+    .venv/bin/python bench/relay.py --senders 40 --per-sender 50 --concurrency 64
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from multiversx_sdk import Transaction, TransactionComputer, UserPEM, UserSecretKey
+from rich.console import Console
+from rich.table import Table
+
+from gasless.chain.abi import load_billing_abi
+from gasless.chain.addresses import address_of, parse_address, shard_of_pubkey
+from gasless.chain.calls import contract_call
+from gasless.chain.codec import signing_bytes, tx_hash, verify_ed25519
+from gasless.relay.checks import presence_message
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "bench-master-secret-0123456789abcdef0123456789"
+computer = TransactionComputer()
+console = Console()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))
+    return ordered[index]
+
+
+async def wait_ok(session: aiohttp.ClientSession, url: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            async with session.get(url) as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.1)
+    raise RuntimeError(f"{url} not ready")
+
+
+async def grant_plans(
+    session: aiohttp.ClientSession, gateway: str, info: dict[str, Any], senders: list[Any]
+) -> None:
+    """The owner grants a plan to every sender: consecutive nonces, sent at once, then awaited."""
+    owner = UserPEM.from_file(Path(info["ownerPem"])).secret_key
+    owner_address = address_of(owner.generate_public_key().buffer)
+    async with session.get(f"{gateway}/address/{owner_address.to_bech32()}/nonce") as resp:
+        nonce = (await resp.json())["data"]["nonce"]
+    abi = load_billing_abi()
+    hashes = []
+    for i, key in enumerate(senders):
+        tx = contract_call(
+            abi=abi,
+            chain_id="localnet",
+            sender=owner_address,
+            contract=parse_address(info["contract"]),
+            function="grant",
+            arguments=[address_of(key.generate_public_key().buffer), 5, 1],
+            gas_limit=20_000_000,
+            nonce=nonce + i,
+        )
+        tx.signature = owner.sign(computer.compute_bytes_for_signing(tx))
+        async with session.post(f"{gateway}/transaction/send", json=tx.to_dictionary()) as resp:
+            hashes.append((await resp.json())["data"]["txHash"])
+    for h in hashes:
+        while True:
+            async with session.get(f"{gateway}/transaction/{h}/status") as resp:
+                status = (await resp.json())["data"]["status"]
+            if status == "success":
+                break
+            if status in ("fail", "invalid"):
+                raise RuntimeError(f"grant failed: {status}")
+            await asyncio.sleep(0.1)
+
+
+async def prepare(
+    session: aiohttp.ClientSession, api: str, senders: list[UserSecretKey], per_sender: int, start_nonce: int
+) -> list[dict[str, Any]]:
+    bodies = []
+    for key in senders:
+        sender = address_of(key.generate_public_key().buffer)
+        while True:  # assignments are limited to 10/s per IP: honour Retry-After
+            now = int(time.time() * 1000)
+            proof = {
+                "kind": "key",
+                "serverTimeMs": now,
+                "signature": key.sign(presence_message("localnet", sender.to_bech32(), now)).hex(),
+            }
+            body = {"sender": sender.to_bech32(), "proof": proof}
+            async with session.post(f"{api}/v1/relay/assign", json=body) as resp:
+                assignment = await resp.json()
+            if resp.status == 429:
+                await asyncio.sleep(assignment["details"]["retryAfterMs"] / 1000)
+                continue
+            if resp.status != 200:
+                raise RuntimeError(f"assign failed: {assignment}")
+            break
+        receiver = address_of(UserSecretKey.generate().generate_public_key().buffer)
+        for n in range(start_nonce, start_nonce + per_sender):
+            tx = Transaction(
+                sender=sender,
+                receiver=receiver,
+                gas_limit=100_000,
+                chain_id="localnet",
+                nonce=n,
+                version=2,
+                relayer=parse_address(assignment["relayer"]),
+            )
+            tx.signature = key.sign(computer.compute_bytes_for_signing(tx))
+            bodies.append({"tx": tx.to_dictionary(), "lease": assignment["lease"]})
+    # Interleave senders so consecutive requests come from different senders, as real traffic does.
+    return [bodies[s * per_sender + i] for i in range(per_sender) for s in range(len(senders))]
+
+
+async def post_all(
+    session: aiohttp.ClientSession,
+    api: str,
+    bodies: list[dict[str, Any]],
+    concurrency: int,
+    rate: float | None,
+) -> tuple[float, list[dict[str, Any]]]:
+    """One stream per sender (a wallet sends its nonces in order); `concurrency` senders at a time.
+
+    With `rate`, request i is due at start + i / rate (open loop); a stream waits for its request's slot.
+    """
+    streams: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for index, body in enumerate(bodies):
+        streams.setdefault(body["tx"]["sender"], []).append((index, body))
+    queue: asyncio.Queue[list[tuple[int, dict[str, Any]]]] = asyncio.Queue()
+    for stream in streams.values():
+        queue.put_nowait(stream)
+    results: list[dict[str, Any]] = []
+    start = time.monotonic()
+
+    async def worker() -> None:
+        while True:
+            try:
+                stream = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            for index, body in stream:
+                if rate is not None:
+                    delay = start + index / rate - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
+                async with session.post(f"{api}/v1/relay", json=body) as resp:
+                    answer = await resp.json()
+                    results.append({"status": resp.status, **answer})
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return time.monotonic() - start, results
+
+
+def floor(count: int, relayer: UserSecretKey) -> float:
+    """Verify the sender signature, co-sign, hash, one durable insert: per relay, in a tight loop."""
+    key = UserSecretKey.generate()
+    sender = address_of(key.generate_public_key().buffer)
+    relayer_address = address_of(relayer.generate_public_key().buffer)
+    txs = []
+    for n in range(count):
+        tx = Transaction(
+            sender=sender,
+            receiver=sender,
+            gas_limit=100_000,
+            chain_id="localnet",
+            nonce=n,
+            version=2,
+            relayer=relayer_address,
+        )
+        tx.signature = key.sign(computer.compute_bytes_for_signing(tx))
+        txs.append(tx)
+    with tempfile.TemporaryDirectory() as tmp:
+        db = sqlite3.connect(Path(tmp) / "floor.db", isolation_level=None)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")
+        db.execute("CREATE TABLE intents (tx_hash TEXT PRIMARY KEY, sender TEXT, nonce INTEGER, tx TEXT)")
+        pubkey = sender.get_public_key()
+        start = time.perf_counter()
+        for tx in txs:
+            message = signing_bytes(tx)
+            assert verify_ed25519(pubkey, message, tx.signature)
+            tx.relayer_signature = relayer.sign(message)
+            h = tx_hash(tx)
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(
+                "INSERT INTO intents VALUES (?, ?, ?, ?)",
+                (h, sender.to_bech32(), tx.nonce, json.dumps(tx.to_dictionary())),
+            )
+            db.execute("COMMIT")
+        elapsed = time.perf_counter() - start
+        db.close()
+    return count / elapsed
+
+
+def summarize(label: str, elapsed: float, results: list[dict[str, Any]]) -> dict[str, Any]:
+    ok = [r for r in results if r["status"] in (200, 202)]
+    accept = [r["intent"]["latency"]["acceptToCosignMs"] for r in ok]
+    added = [r["intent"]["latency"]["addedMs"] for r in ok if r["intent"]["latency"]["addedMs"] is not None]
+    errors: dict[str, int] = {}
+    for r in results:
+        if r["status"] not in (200, 202):
+            errors[r.get("code", str(r["status"]))] = errors.get(r.get("code", str(r["status"])), 0) + 1
+    return {
+        "label": label,
+        "relays": len(results),
+        "ok": len(ok),
+        "status202": sum(1 for r in ok if r["status"] == 202),
+        "errors": errors,
+        "relays_per_s": len(ok) / elapsed,
+        "accept_p50": percentile(accept, 50),
+        "accept_p95": percentile(accept, 95),
+        "accept_p99": percentile(accept, 99),
+        "added_p50": percentile(added, 50),
+        "added_p95": percentile(added, 95),
+        "added_p99": percentile(added, 99),
+    }
+
+
+async def run(args: argparse.Namespace, data_dir: Path) -> None:
+    gw_port, api_port = free_port(), free_port()
+    gateway, api = f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{api_port}"
+    py = sys.executable
+    localnet = subprocess.Popen(
+        [
+            py,
+            "-m",
+            "gasless.cli",
+            "localnet",
+            "--port",
+            str(gw_port),
+            "--data-dir",
+            str(data_dir),
+            "--round-ms",
+            str(args.round_ms),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    api_proc = None
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            await wait_ok(session, f"{gateway}/localnet/info")
+            async with session.get(f"{gateway}/localnet/info") as resp:
+                info = await resp.json()
+            info = info.get("data", info)
+            owner_pem = data_dir / "localnet" / "wallets" / "owner.pem"
+            info.setdefault("ownerPem", str(owner_pem))
+            from gasless.localnet.owner import unpause
+            from gasless.localnet.genesis import load_or_create_wallet
+
+            owner = load_or_create_wallet(data_dir / "localnet" / "wallets", "owner")
+            await unpause(gateway, owner, info["contract"])
+            relayer_pems = sorted(str(p) for p in (data_dir / "localnet" / "wallets").glob("relayer-s*.pem"))
+            env = {
+                **os.environ,
+                "GASLESS_PROFILE": "localnet",
+                "GASLESS_MASTER_SECRET": SECRET,
+                "GASLESS_GATEWAY_URLS": gateway,
+                "GASLESS_DATA_DIR": str(data_dir),
+                "GASLESS_CONTRACT_ADDRESS": info["contract"],
+                "GASLESS_RELAYER_KEY_FILES": json.dumps(relayer_pems),
+            }
+            api_proc = subprocess.Popen(
+                [py, "-m", "gasless.cli", "serve", "--port", str(api_port)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            await wait_ok(session, f"{api}/readyz")
+            with console.status("granting plans to senders"):
+                senders = [UserSecretKey.generate() for _ in range(args.senders)]
+                await grant_plans(session, gateway, info, senders)
+            with console.status("assigning and pre-signing"):
+                first = await prepare(session, api, senders, args.per_sender, 0)
+            # Warm-up, then the maximum: closed loop at high concurrency.
+            with console.status(f"max throughput: {len(first)} relays at concurrency {args.concurrency}"):
+                elapsed, results = await post_all(session, api, first, args.concurrency, None)
+            top = summarize("max (closed loop)", elapsed, results)
+            await asyncio.sleep(max(2.0, 4 * args.round_ms / 1000))  # let the first set settle
+            with console.status("pre-signing the paced run"):
+                second = await prepare(session, api, senders, args.per_sender, args.per_sender)
+            rate = top["relays_per_s"] * 0.5
+            with console.status(f"paced at {rate:.0f}/s (50% of max)"):
+                elapsed, results = await post_all(session, api, second, args.concurrency, rate)
+            paced = summarize("paced at 50% of max", elapsed, results)
+    finally:
+        for proc in (api_proc, localnet):
+            if proc is not None:
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    relayer = UserPEM.from_file(Path(relayer_pems[0])).secret_key
+    floor_rate = floor(args.floor_count, relayer)
+
+    table = Table(
+        title=f"bench/relay.py: {args.senders} senders x {args.per_sender} relays, concurrency {args.concurrency}"
+    )
+    for col in (
+        "run",
+        "ok/sent",
+        "202",
+        "relays/s",
+        "acceptToCosign p50/p95/p99 ms",
+        "added p50/p95/p99 ms",
+        "errors",
+    ):
+        table.add_column(col)
+    for row in (top, paced):
+        table.add_row(
+            row["label"],
+            f"{row['ok']}/{row['relays']}",
+            str(row["status202"]),
+            f"{row['relays_per_s']:.0f}",
+            f"{row['accept_p50']:.1f} / {row['accept_p95']:.1f} / {row['accept_p99']:.1f}",
+            f"{row['added_p50']:.1f} / {row['added_p95']:.1f} / {row['added_p99']:.1f}",
+            json.dumps(row["errors"]) if row["errors"] else "-",
+        )
+    table.add_row("floor (tight loop, 1 core)", "-", "-", f"{floor_rate:.0f}", "-", "-", "-")
+    console.print(table)
+    console.print(
+        f"service / floor = {top['relays_per_s'] / floor_rate:.1%} (target >= 25%); "
+        f"acceptToCosign p99 at 50% load = {paced['accept_p99']:.1f} ms (target <= 10 ms)"
+    )
+    print(json.dumps({"max": top, "paced": paced, "floor_per_s": floor_rate}))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--senders", type=int, default=40)
+    parser.add_argument(
+        "--per-sender", type=int, default=30, help="at most 32: two runs must fit in 64 in flight"
+    )
+    parser.add_argument("--concurrency", type=int, default=40, help="senders relaying at once")
+    parser.add_argument("--round-ms", type=int, default=600)
+    parser.add_argument("--floor-count", type=int, default=3000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        asyncio.run(run(args, Path(tmp)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
