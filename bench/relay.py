@@ -22,7 +22,6 @@ import json
 import os
 import socket
 import sqlite3
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gasless.chain.abi import load_billing_abi
-from gasless.chain.addresses import address_of, parse_address, shard_of_pubkey
+from gasless.chain.addresses import address_of, parse_address
 from gasless.chain.calls import contract_call
 from gasless.chain.codec import signing_bytes, tx_hash, verify_ed25519
 from gasless.relay.checks import presence_message
@@ -281,8 +280,8 @@ async def run(args: argparse.Namespace, data_dir: Path) -> None:
             info = info.get("data", info)
             owner_pem = data_dir / "localnet" / "wallets" / "owner.pem"
             info.setdefault("ownerPem", str(owner_pem))
-            from gasless.localnet.owner import unpause
             from gasless.localnet.genesis import load_or_create_wallet
+            from gasless.localnet.owner import unpause
 
             owner = load_or_create_wallet(data_dir / "localnet" / "wallets", "owner")
             await unpause(gateway, owner, info["contract"])
@@ -296,8 +295,9 @@ async def run(args: argparse.Namespace, data_dir: Path) -> None:
                 "GASLESS_CONTRACT_ADDRESS": info["contract"],
                 "GASLESS_RELAYER_KEY_FILES": json.dumps(relayer_pems),
             }
+            profile = ["-m", "cProfile", "-o", args.profile_api] if args.profile_api else []
             api_proc = subprocess.Popen(
-                [py, "-m", "gasless.cli", "serve", "--port", str(api_port)],
+                [py, *profile, "-m", "gasless.cli", "serve", "--port", str(api_port)],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -373,6 +373,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=40, help="senders relaying at once")
     parser.add_argument("--round-ms", type=int, default=600)
     parser.add_argument("--floor-count", type=int, default=3000)
+    parser.add_argument("--profile-api", default="", help="write a cProfile of the API process to this file")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(run(args, Path(tmp)))

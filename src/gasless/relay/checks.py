@@ -27,6 +27,7 @@ SUPPORTED_OPTIONS = OPTION_HASH_SIGN | OPTION_GUARDED
 RELAY_MEMBERS = frozenset({"tx", "lease", "intentKey"})
 VARIANT_MEMBERS = ("variants", "transactions", "alternates")
 IDEMPOTENCY_KEY_MIN, IDEMPOTENCY_KEY_MAX = 16, 128
+INT64_MAX = 2**63 - 1
 
 Check = Callable[[], ApiError | None]
 
@@ -62,7 +63,7 @@ def parse_json_body(raw: bytes) -> Any:
         raise ApiError("PAYLOAD_TOO_LARGE", detail=f"body is larger than {MAX_BODY_BYTES} bytes")
     try:
         return json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: absurdly nested arrays
         raise ApiError(
             "MALFORMED_REQUEST", detail="body is not valid JSON", details={"field": "body"}
         ) from None
@@ -108,6 +109,8 @@ def parse_relay_body(
             "RELAYER_SIGNATURE_PRESENT", detail="the transaction already carries a relayer signature"
         )
     tx = parse_transaction(wire)
+    if tx.nonce > INT64_MAX:
+        raise ApiError("MALFORMED_REQUEST", detail="tx.nonce is an int64", details={"field": "tx.nonce"})
     intent_key = body.get("intentKey")
     if intent_key is not None and (not isinstance(intent_key, str) or not _valid_key(intent_key)):
         raise ApiError(
@@ -245,6 +248,21 @@ def static_checks(
             return ApiError("GUARDIAN_IS_RELAYER", detail="the guardian and the relayer are the same address")
         return None
 
+    def guardian_form() -> ApiError | None:
+        # The node refuses a guardian (or its signature) on a transaction without the guarded option, and
+        # a guarded one without them; refusing here keeps such a transaction from ever being co-signed.
+        named = tx.guardian is not None and not tx.guardian.is_empty()
+        if not is_guarded(tx) and (named or tx.guardian_signature):
+            return ApiError(
+                "GUARDIAN_MISMATCH",
+                detail="the transaction names a guardian but does not set the guarded option",
+            )
+        if is_guarded(tx) and not named:
+            return ApiError(
+                "GUARDIAN_MISMATCH", detail="a guarded transaction must name the sender's guardian"
+            )
+        return None
+
     def signature_present() -> ApiError | None:
         if len(tx.signature) != 64:
             return ApiError("SENDER_SIGNATURE_INVALID", detail="the transaction carries no sender signature")
@@ -260,9 +278,28 @@ def static_checks(
         gas_limit,
         data_size,
         guardian_not_relayer,
+        guardian_form,
         signature_present,
     ]
 
 
 def presence_message(chain_id: str, sender: str, server_time_ms: int) -> bytes:
     return f"relay/assign/v1|{chain_id}|{sender}|{server_time_ms}".encode()
+
+
+def identify(body: Any) -> tuple[str, int] | None:
+    """(sender, nonce) of a refused body when its transaction names them well enough to record REJECTED."""
+    from gasless.chain.addresses import InvalidAddress, parse_address
+
+    wire = body.get("tx") if isinstance(body, dict) else None
+    if not isinstance(wire, dict):
+        return None
+    sender, nonce = wire.get("sender"), wire.get("nonce", 0)
+    if not isinstance(sender, str) or isinstance(nonce, bool) or not isinstance(nonce, int):
+        return None
+    if not 0 <= nonce <= INT64_MAX:
+        return None
+    try:
+        return parse_address(sender).to_bech32(), nonce
+    except InvalidAddress:
+        return None

@@ -28,6 +28,7 @@ from gasless.relay.checks import (
     ParsedRelay,
     all_failures,
     first_failure,
+    identify,
     parse_json_body,
     parse_relay_body,
     static_checks,
@@ -125,11 +126,31 @@ class RelayService:
         request_id: str,
         received_ms: int,
     ) -> tuple[int, RelayResponse]:
-        parsed = parse_relay_body(parse_json_body(raw), idempotency_key)
+        body = parse_json_body(raw)
+        try:
+            parsed = parse_relay_body(body, idempotency_key)
+        except ApiError as error:
+            who = identify(body)
+            if who is not None:
+                self._record_rejection(who[0], who[1], None, error, request_id, received_ms)
+            raise
         try:
             return await self._relay(parsed, api_key=api_key, request_id=request_id, received_ms=received_ms)
         except ApiError as error:
-            self._record_rejection(parsed, error, request_id, received_ms)
+            self._record_rejection(
+                parsed.sender, parsed.tx.nonce, tx_hash(parsed.tx), error, request_id, received_ms
+            )
+            raise
+        except Exception:
+            # Unexpected failure before the commit point: INTERNAL, nothing sent, still recorded.
+            self._record_rejection(
+                parsed.sender,
+                parsed.tx.nonce,
+                tx_hash(parsed.tx),
+                ApiError("INTERNAL"),
+                request_id,
+                received_ms,
+            )
             raise
 
     async def _relay(
@@ -584,12 +605,18 @@ class RelayService:
         return (202 if intent.state == "COSIGNED" else 200), response
 
     def _record_rejection(
-        self, parsed: ParsedRelay, error: ApiError, request_id: str, received_ms: int
+        self,
+        sender: str,
+        nonce: int,
+        hash_: str | None,
+        error: ApiError,
+        request_id: str,
+        received_ms: int,
     ) -> None:
         values = {
-            "sender": parsed.sender,
-            "nonce": parsed.tx.nonce,
-            "tx_hash": tx_hash(parsed.tx),
+            "sender": sender,
+            "nonce": nonce,
+            "tx_hash": hash_,
             "code": error.code,
             "status": error.status,
             "detail": error.detail[:500] if error.detail else None,
