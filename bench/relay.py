@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import os
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -255,9 +256,11 @@ async def run(args: argparse.Namespace, data_dir: Path) -> None:
     gw_port, api_port = free_port(), free_port()
     gateway, api = f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{api_port}"
     py = sys.executable
+    localnet_profile = ["-m", "cProfile", "-o", args.profile_localnet] if args.profile_localnet else []
     localnet = subprocess.Popen(
         [
             py,
+            *localnet_profile,
             "-m",
             "gasless.cli",
             "localnet",
@@ -322,7 +325,7 @@ async def run(args: argparse.Namespace, data_dir: Path) -> None:
     finally:
         for proc in (api_proc, localnet):
             if proc is not None:
-                proc.terminate()
+                proc.send_signal(signal.SIGINT)  # a clean exit (and the profile, if one is written)
                 try:
                     proc.wait(10)
                 except subprocess.TimeoutExpired:
@@ -374,6 +377,7 @@ def main() -> int:
     parser.add_argument("--round-ms", type=int, default=600)
     parser.add_argument("--floor-count", type=int, default=3000)
     parser.add_argument("--profile-api", default="", help="write a cProfile of the API process to this file")
+    parser.add_argument("--profile-localnet", default="", help="write a cProfile of the localnet process")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         asyncio.run(run(args, Path(tmp)))

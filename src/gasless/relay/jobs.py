@@ -47,17 +47,23 @@ class Broadcaster:
         self.repo = repo
         self.bus = bus
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.sending: set[int] = set()  # intents with a send still waiting for its first answer
+        self.on_update: Callable[[Rec], None] | None = None
 
     def send(self, pk: int, wire: dict[str, Any], tx_hash: str) -> SentIntent:
         """Send to every gateway now; the first acknowledgement is recorded in the background."""
         sent = SentIntent(self.gateway.broadcast(wire))
+        self.sending.add(pk)
         task = asyncio.create_task(self._record(pk, tx_hash, sent))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return sent
 
     async def _record(self, pk: int, tx_hash: str, sent: SentIntent) -> None:
-        result = await sent.broadcast.first_ack
+        try:
+            result = await sent.broadcast.first_ack
+        finally:
+            self.sending.discard(pk)
         ack_ms = now_ms() if result.tx_hash is not None else None
         sent.ack_ms.set_result(ack_ms)
         try:
@@ -81,6 +87,8 @@ class Broadcaster:
                 )
                 if row is not None:
                     self.bus.publish(row)
+                    if self.on_update is not None:
+                        self.on_update(row)
             else:
                 log.warning(
                     "no gateway acknowledged; the tracker re-sends", tx_hash=tx_hash, error=result.error
@@ -120,9 +128,15 @@ class Tracker:
         self.clock = clock
         self._tracked: dict[int, Rec] = {}
         self._next_check: dict[int, int] = {}
+        self._hyper: dict[int, int] = {}  # executed intents whose notarizing hyperblock is known
+        broadcaster.on_update = self._refresh
         self._task: asyncio.Task[None] | None = None
         self._resynced_ms = 0
         self._limit = asyncio.Semaphore(32)
+
+    def _refresh(self, row: Rec) -> None:
+        if int(row.pk) in self._tracked:
+            self._tracked[int(row.pk)] = row
 
     def watch(self, row: Rec) -> None:
         self._tracked[int(row.pk)] = row
@@ -176,13 +190,36 @@ class Tracker:
                 self._tracked.setdefault(pk, row)
         for pk in [pk for pk in self._next_check if pk not in self._tracked]:
             del self._next_check[pk]
-        due = [row for pk, row in list(self._tracked.items()) if self._next_check.get(pk, 0) <= now]
+        for pk in [pk for pk in self._hyper if pk not in self._tracked]:
+            del self._hyper[pk]
+        # Executed intents whose hyperblock is known become final without asking the gateway again.
+        final = self.network.meta_highest_final_nonce
+        if final is not None:
+            ready = [pk for pk, hyper in self._hyper.items() if hyper <= final]
+            await asyncio.gather(*(self._finalize(self._tracked[pk]) for pk in ready if pk in self._tracked))
+        due = [
+            row
+            for pk, row in list(self._tracked.items())
+            if self._next_check.get(pk, 0) <= now and pk not in self._hyper
+        ]
         # Each intent is looked at about once per round: the chain cannot change faster than that.
-        next_at = now + max(50, self.network.params.round_duration_ms // 2)
+        next_at = now + max(50, self.network.params.round_duration_ms)
         for row in due:
             self._next_check[int(row.pk)] = next_at
         if due:
             await asyncio.gather(*(self._check(row) for row in due))
+
+    async def _finalize(self, row: Rec) -> None:
+        now = self.clock()
+        self._hyper.pop(int(row.pk), None)
+        updated = await self.repo.transition(
+            row.pk, ("EXECUTED",), {"state": "FINALIZED", "finalized_at_ms": now}, now
+        )
+        if updated is not None:
+            self._publish(updated)
+            self._tracked.pop(int(row.pk), None)
+        else:
+            await self._reload(row)
 
     async def _check(self, row: Rec) -> None:
         async with self._limit:
@@ -219,6 +256,9 @@ class Tracker:
                 await self._settle_rivals(row)
             hyper = int(chain_tx.get("hyperblockNonce") or 0)
             final = self.network.meta_highest_final_nonce
+            if row.state == "EXECUTED" and hyper > 0 and (final is None or hyper > final):
+                self._hyper[int(row.pk)] = hyper  # final once the metachain's final nonce reaches it
+                return
             if row.state == "EXECUTED" and hyper > 0 and final is not None and hyper <= final:
                 updated = await self.repo.transition(
                     row.pk, ("EXECUTED",), {"state": "FINALIZED", "finalized_at_ms": now}, now
@@ -239,9 +279,11 @@ class Tracker:
             if age > self.give_up_ms:
                 await self._dead(row, reason=f"not included within {self.give_up_ms} ms")
                 return
-        # Re-send: quickly while no gateway acknowledged, slowly while the chain does not know the hash.
+        # Re-send: quickly while no gateway acknowledged, slowly while the chain does not know the hash;
+        # never while a send of this intent is still waiting for its answer.
         due = 1_000 if row.state == "COSIGNED" else self.rebroadcast_ms
-        if now - last_sent >= due and (row.state == "COSIGNED" or chain_tx is None):
+        sending = int(row.pk) in self.broadcaster.sending
+        if not sending and now - last_sent >= due and (row.state == "COSIGNED" or chain_tx is None):
             self.broadcaster.send(int(row.pk), dict(row.tx), row.tx_hash)
             self._tracked[int(row.pk)] = row._replace(
                 last_sent_at_ms=now, send_attempts=row.send_attempts + 1
