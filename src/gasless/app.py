@@ -289,6 +289,7 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)
     install_problem_handlers(app, settings.docs_url)
     app.include_router(relay_routes.router)
+    _register_extra_schemas(app)
 
     def health(status: Literal["ok", "starting", "unavailable"], checks: dict[str, str]) -> Health:
         return Health(
@@ -336,3 +337,24 @@ def create_app(
         return health("ok" if ready else ("starting" if not state.restored else "unavailable"), checks)
 
     return app
+
+
+def _register_extra_schemas(app: FastAPI) -> None:
+    """Request shapes that routes parse themselves (to refuse unknown members exactly) still belong in the
+    document: add them as components so the routes' `$ref`s resolve."""
+    base = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        document = base()
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        for model in relay_routes.EXTRA_SCHEMAS:
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            for name, definition in schema.pop("$defs", {}).items():
+                schemas.setdefault(name, definition)
+            schemas[model.__name__] = schema
+        app.openapi_schema = document
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -253,3 +253,40 @@ async def validate(request: Request) -> ValidateResponse:
 
 # Schemas referenced only through openapi_extra must still be registered as components.
 EXTRA_SCHEMAS = (RelayRequest, ValidateRequest)
+
+
+@router.get("/v1/network", operation_id="getNetwork", tags=["meta"])
+async def network(request: Request, response: Response) -> dict[str, Any]:
+    """The network this host serves, with a recent shard-1 block for building native-auth tokens."""
+    host = _host(request)
+    view = host.network
+    if view is None or not view.ready:
+        raise ApiError(
+            "UPSTREAM_UNAVAILABLE",
+            detail="the network view is still loading",
+            details={"retryAfterMs": 1_000},
+        )
+    params = view.params
+    latest = view.blocks.latest()
+    settings = host.settings
+    response.headers["Cache-Control"] = "public, max-age=1"
+    return {
+        "chainId": params.chain_id,
+        "env": settings.key_env,
+        "network": settings.profile,
+        "numShards": params.num_shards,
+        "roundDurationMs": params.round_duration_ms,
+        "epoch": view.epoch,
+        "minGasPrice": params.min_gas_price,
+        "minGasLimit": params.min_gas_limit,
+        "gasPerDataByte": params.gas_per_data_byte,
+        "maxGasPerTx": params.max_gas_per_tx,
+        "nativeAuth": {
+            "shard": 1,
+            "blockHash": latest[0] if latest else None,
+            "blockNonce": latest[1] if latest else None,
+            "blockTimestampMs": latest[2] if latest else None,
+            "origins": settings.effective_native_auth_origins,
+            "maxTtlSeconds": 86_400,
+        },
+    }
