@@ -303,3 +303,39 @@ def identify(body: Any) -> tuple[str, int] | None:
         return parse_address(sender).to_bech32(), nonce
     except InvalidAddress:
         return None
+
+
+@dataclass
+class ChainState:
+    nonce: int
+    balance: int
+    guarded: bool
+    active_guardian: str | None
+    pool: list[dict[str, Any]]
+
+    @property
+    def pool_last_nonce(self) -> int | None:
+        return max((int(entry["nonce"]) for entry in self.pool), default=None)
+
+    def pooled_at(self, nonce: int) -> dict[str, Any] | None:
+        entries = [entry for entry in self.pool if int(entry["nonce"]) == nonce]
+        return max(entries, key=lambda e: int(e.get("gasprice") or e.get("gasPrice") or 0), default=None)
+
+
+def gas_price_of(entry: dict[str, Any]) -> int:
+    return int(entry.get("gasprice") or entry.get("gasPrice") or 0)
+
+
+def contract_in_other_shard(receiver_pk: bytes, sender_shard: int) -> bool:
+    # Contract addresses carry their shard in the last byte like any other address.
+    return receiver_pk[:8] == b"\0" * 8 and shard_of_pubkey(receiver_pk) != sender_shard
+
+
+def first_or_raise(checks: list[Callable[[], Any]]) -> Any:
+    """Run checks in order; raise the first ApiError; the last callable's value is the stage's result."""
+    *rules, finish = checks if len(checks) > 1 else (*checks, lambda: None)
+    for rule in rules:
+        error = rule()
+        if error is not None:
+            raise error
+    return finish()

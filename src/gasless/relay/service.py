@@ -22,12 +22,15 @@ from gasless.chain.codec import tx_hash, tx_to_wire, verify_ed25519
 from gasless.chain.gas import is_guarded
 from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
-from gasless.errors import ApiError, problem_document
+from gasless.errors import ApiError
 from gasless.relay.assign import AssignService
 from gasless.relay.checks import (
+    ChainState,
     ParsedRelay,
-    all_failures,
+    contract_in_other_shard,
     first_failure,
+    first_or_raise,
+    gas_price_of,
     identify,
     parse_json_body,
     parse_relay_body,
@@ -39,7 +42,8 @@ from gasless.relay.jobs import Broadcaster, Tracker
 from gasless.relay.leases import Lease, LeaseCodec, LeaseInvalid
 from gasless.relay.relayers import RelayerPool
 from gasless.relay.repository import CommitConflict, IntentRepository, Rec, SenderView
-from gasless.relay.schemas import BillingInfo, RelayResponse, ValidateProblem, ValidateResponse
+from gasless.relay.schemas import BillingInfo, RelayResponse, ValidateResponse
+from gasless.relay.simulation import simulate_or_refuse
 from gasless.signer import Signer, SignerError, sign_with_deadline
 
 log = structlog.get_logger("gasless.relay")
@@ -47,8 +51,6 @@ log = structlog.get_logger("gasless.relay")
 ACK_WAIT_MS = 800
 MAX_IN_FLIGHT = 64
 KEY_TTL_MS = 86_400_000
-OVERPROVISION_FACTOR = 1.9
-SIMULATE_MODES = ("always", "contract_calls", "never")
 
 
 @dataclass(frozen=True)
@@ -59,27 +61,6 @@ class RelayConfig:
     signer_deadline_ms: int = 250
     simulate: str = "contract_calls"
     contract: str | None = None
-
-
-@dataclass
-class ChainState:
-    nonce: int
-    balance: int
-    guarded: bool
-    active_guardian: str | None
-    pool: list[dict[str, Any]]
-
-    @property
-    def pool_last_nonce(self) -> int | None:
-        return max((int(entry["nonce"]) for entry in self.pool), default=None)
-
-    def pooled_at(self, nonce: int) -> dict[str, Any] | None:
-        entries = [entry for entry in self.pool if int(entry["nonce"]) == nonce]
-        return max(entries, key=lambda e: int(e.get("gasprice") or e.get("gasPrice") or 0), default=None)
-
-
-def _gas_price_of(entry: dict[str, Any]) -> int:
-    return int(entry.get("gasprice") or entry.get("gasPrice") or 0)
 
 
 class RelayService:
@@ -171,7 +152,7 @@ class RelayService:
             lease = first_or_raise(self._lease_checks(parsed, view))
             first_or_raise([lambda: self._sender_signature(parsed)])
             state = await chain_read
-            slot_seq = first_or_raise_value(self._state_checks(parsed, lease, view, state))
+            slot_seq = first_or_raise(self._state_checks(parsed, lease, view, state))
             decision = await self._entitle(tx, parsed.sender, api_key)
             await self._simulate(parsed, params)
         finally:
@@ -371,7 +352,7 @@ class RelayService:
                     return self._underpriced(int(occupier.gas_price))
                 return None
             if pooled is not None and pooled.get("hash") not in our_hashes:
-                pooled_price = _gas_price_of(pooled)
+                pooled_price = gas_price_of(pooled)
                 if not replacing:
                     return self.assign.resign_same_nonce(
                         parsed.sender, parsed.sender_pubkey, parsed.sender_shard, nonce, pooled_price + 1
@@ -434,53 +415,8 @@ class RelayService:
                 "UPSTREAM_UNAVAILABLE", detail="could not read the contract; nothing was sent"
             ) from exc
 
-    def _wants_simulation(self, tx: Transaction) -> bool:
-        mode = self.config.simulate
-        if mode == "never":
-            return False
-        if mode == "always":
-            return True
-        return bool(tx.data) and tx.receiver.get_public_key()[:8] == b"\0" * 8
-
     async def _simulate(self, parsed: ParsedRelay, params: Any) -> None:
-        tx = parsed.tx
-        if not self._wants_simulation(tx):
-            return
-        # The relayer has not signed yet: simulate without signature checks, with a placeholder relayer
-        # signature so the node sees a complete Relayed-V3 transaction (the sender's was verified already).
-        wire = {**parsed.wire, "relayerSignature": "00" * 64}
-        try:
-            data = await self.gateway.simulate(wire, check_signature=False)
-        except GatewayRejected as exc:
-            raise ApiError(
-                "SIMULATION_FAILED", detail=f"simulation refused: {exc}", details={"returnMessage": str(exc)}
-            ) from None
-        except GatewayUnavailable as exc:
-            raise ApiError("UPSTREAM_UNAVAILABLE", detail="simulation unavailable; nothing was sent") from exc
-        result = data.get("result", data) if isinstance(data, dict) else {}
-        status = result.get("status")
-        if status not in (None, "success"):
-            message = result.get("failReason") or status
-            raise ApiError(
-                "SIMULATION_FAILED",
-                detail=f"it would fail on chain: {message}",
-                details={"returnMessage": message},
-            )
-        used = result.get("gasUsed")
-        if used is None:
-            return
-        movement = params.gas_rules().movement_gas(
-            data_len=len(tx.data), guarded=is_guarded(tx), relayed=True
-        )
-        processing = max(0, int(used) - movement)
-        if processing > 0:
-            ceiling = movement + int(OVERPROVISION_FACTOR * processing)
-            if tx.gas_limit > ceiling:
-                raise ApiError(
-                    "GAS_OVERPROVISIONED",
-                    detail=f"gas limit far above the simulated need; at most {ceiling}",
-                    details={"limit": ceiling, "actual": tx.gas_limit},
-                )
+        await simulate_or_refuse(self.gateway, parsed, params, self.config.simulate)
 
     # The commit point ---------------------------------------------------------------------------------
     async def _cosign_and_commit(
@@ -518,7 +454,7 @@ class RelayService:
             "relayer": relayer,
             "cross_shard": shard_of_pubkey(receiver_pk) != parsed.sender_shard
             and receiver_pk[:8] != b"\0" * 8
-            or _cross_shard_contract(receiver_pk, parsed.sender_shard),
+            or contract_in_other_shard(receiver_pk, parsed.sender_shard),
             "gas_limit": tx.gas_limit,
             "gas_price": tx.gas_price,
             "value_atto": tx.value,
@@ -635,80 +571,8 @@ class RelayService:
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    # Validate and quote -----------------------------------------------------------------------------
     async def validate(self, raw: bytes) -> ValidateResponse:
         """Every problem relay would return, without signing, storing or sending anything."""
-        body = parse_json_body(raw)
-        try:
-            parsed = parse_relay_body(body, None)
-        except ApiError as error:
-            return self._validate_response([error], None)
-        problems = all_failures(self._static(parsed))
-        if problems:
-            return self._validate_response(problems, parsed)
-        try:
-            view = await self._sender_view(parsed, self.now_ms())
-            if self._duplicate_of(parsed, view) is not None:
-                return self._validate_response([], parsed)
-            lease_checks = self._lease_checks(parsed, view)
-            problems = []
-            lease: Lease | None = None
-            for check in lease_checks[:-1]:
-                error = check()
-                if error is not None:
-                    problems.append(error)
-                    break  # later lease checks read the verified lease
-            else:
-                lease = lease_checks[-1]()
-            signature = self._sender_signature(parsed)
-            if signature is not None:
-                problems.append(signature)
-            if problems or lease is None:
-                return self._validate_response(problems, parsed)
-            state = await self._chain_state(parsed.sender)
-            state_checks = self._state_checks(parsed, lease, view, state)
-            problems = [e for check in state_checks[:-1] if (e := check()) is not None]
-            if problems:
-                return self._validate_response(problems, parsed)
-            await self._entitle(parsed.tx, parsed.sender, None)
-            await self._simulate(parsed, self.network.params)
-        except ApiError as error:
-            return self._validate_response([*problems, error] if problems else [error], parsed)
-        try:
-            self.signer.check()
-        except SignerError as exc:
-            return self._validate_response([ApiError(exc.code, detail=str(exc))], parsed)
-        return self._validate_response([], parsed)
+        from gasless.relay.validate import validate_submission  # validate builds on this service
 
-    def _validate_response(self, problems: list[ApiError], parsed: ParsedRelay | None) -> ValidateResponse:
-        documents = [
-            ValidateProblem(
-                **{
-                    k: v
-                    for k, v in problem_document(p, docs_url=self.config.docs_url, request_id="").items()
-                    if k in ValidateProblem.model_fields
-                }
-            )
-            for p in problems
-        ]
-        return ValidateResponse(
-            ok=not problems, problems=documents, txHash=tx_hash(parsed.tx) if parsed is not None else None
-        )
-
-
-def _cross_shard_contract(receiver_pk: bytes, sender_shard: int) -> bool:
-    # Contract addresses carry their shard in the last byte like any other address.
-    return receiver_pk[:8] == b"\0" * 8 and shard_of_pubkey(receiver_pk) != sender_shard
-
-
-def first_or_raise(checks: list[Callable[[], Any]]) -> Any:
-    """Run checks in order; raise the first ApiError; the last callable's value is the stage's result."""
-    *rules, finish = checks if len(checks) > 1 else (*checks, lambda: None)
-    for rule in rules:
-        error = rule()
-        if error is not None:
-            raise error
-    return finish()
-
-
-first_or_raise_value = first_or_raise
+        return await validate_submission(self, raw)
