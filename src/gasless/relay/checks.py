@@ -142,6 +142,24 @@ def parse_relay_body(
     )
 
 
+def gas_limit_problem(tx: Transaction, params: NetworkParams) -> ApiError | None:
+    """At least the movement gas, at most the network's ceiling (relay and quote apply the same rule)."""
+    movement = params.gas_rules().movement_gas(data_len=len(tx.data), guarded=is_guarded(tx), relayed=True)
+    if tx.gas_limit < movement:
+        return ApiError(
+            "GAS_LIMIT_TOO_LOW",
+            detail=f"gas limit below the movement gas {movement}",
+            details={"limit": movement, "actual": tx.gas_limit},
+        )
+    if tx.gas_limit > params.max_gas_per_tx:
+        return ApiError(
+            "GAS_LIMIT_TOO_HIGH",
+            detail=f"gas limit above the ceiling {params.max_gas_per_tx}",
+            details={"limit": params.max_gas_per_tx, "actual": tx.gas_limit},
+        )
+    return None
+
+
 def static_checks(
     tx: Transaction,
     params: NetworkParams,
@@ -153,7 +171,6 @@ def static_checks(
     """The rules on the transaction alone, in the order relay applies them."""
     relayer = tx.relayer.to_bech32() if tx.relayer is not None and not tx.relayer.is_empty() else None
     sender_shard = shard_of_pubkey(tx.sender.get_public_key(), params.num_shards)
-    rules = params.gas_rules()
 
     def chain_id() -> ApiError | None:
         if tx.chain_id != params.chain_id:
@@ -219,20 +236,7 @@ def static_checks(
         return None
 
     def gas_limit() -> ApiError | None:
-        movement = rules.movement_gas(data_len=len(tx.data), guarded=is_guarded(tx), relayed=True)
-        if tx.gas_limit < movement:
-            return ApiError(
-                "GAS_LIMIT_TOO_LOW",
-                detail=f"gas limit below the movement gas {movement}",
-                details={"limit": movement, "actual": tx.gas_limit},
-            )
-        if tx.gas_limit > params.max_gas_per_tx:
-            return ApiError(
-                "GAS_LIMIT_TOO_HIGH",
-                detail=f"gas limit above the ceiling {params.max_gas_per_tx}",
-                details={"limit": params.max_gas_per_tx, "actual": tx.gas_limit},
-            )
-        return None
+        return gas_limit_problem(tx, params)
 
     def data_size() -> ApiError | None:
         if len(tx.data) > data_limit:

@@ -103,7 +103,25 @@ class Broadcaster:
             await asyncio.wait(set(self._tasks), timeout=timeout_s)
 
 
-class Tracker:
+class Worker:
+    """A background loop (`_loop`) started and stopped with the host."""
+
+    _task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name=type(self).__name__.lower())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        raise NotImplementedError
+
+
+class Tracker(Worker):
     """Drives in-flight intents to EXECUTED, FINALIZED or DEAD from what the gateways report."""
 
     def __init__(
@@ -130,7 +148,6 @@ class Tracker:
         self._next_check: dict[int, int] = {}
         self._hyper: dict[int, int] = {}  # executed intents whose notarizing hyperblock is known
         broadcaster.on_update = self._refresh
-        self._task: asyncio.Task[None] | None = None
         self._resynced_ms = 0
         self._limit = asyncio.Semaphore(32)
 
@@ -159,15 +176,6 @@ class Tracker:
         if rows:
             log.info("orphan recovery re-broadcast co-signed intents", count=len(rows))
         return len(rows)
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="tracker")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def _loop(self) -> None:
         while True:
@@ -335,22 +343,12 @@ class Tracker:
         self.bus.publish(row)
 
 
-class Retention:
+class Retention(Worker):
     """Drops REJECTED rows after 30 days and expired idempotency keys."""
 
     def __init__(self, repo: IntentRepository, *, every_ms: int = 600_000) -> None:
         self.repo = repo
         self.every_ms = every_ms
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._loop(), name="retention")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
 
     async def _loop(self) -> None:
         while True:

@@ -80,6 +80,9 @@ class LeaseCodec:
             payload, mac = b64url_decode(body), b64url_decode(tag)
         except ValueError:
             raise LeaseInvalid("lease is not base64url") from None
+        if b64url(payload) != body or b64url(mac) != tag:
+            # Only the canonical spelling is the lease: no second spelling of the same bytes verifies.
+            raise LeaseInvalid("lease is not canonical base64url")
         if not self.keys.verify("lease", payload, mac):
             raise LeaseInvalid("lease MAC does not verify for this environment")
         try:

@@ -9,7 +9,7 @@ from gasless.chain.gas import is_guarded
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
 from gasless.errors import ApiError
-from gasless.relay.checks import parse_transaction
+from gasless.relay.checks import gas_limit_problem, parse_transaction
 from gasless.relay.entitlement import ContractMirror, function_of
 from gasless.relay.schemas import RelayQuote
 
@@ -26,18 +26,9 @@ class QuoteService:
             raise ApiError("CHAIN_ID_MISMATCH", detail=f"this host serves chain {params.chain_id!r}")
         rules = params.gas_rules()
         movement = rules.movement_gas(data_len=len(tx.data), guarded=is_guarded(tx), relayed=True)
-        if tx.gas_limit < movement:
-            raise ApiError(
-                "GAS_LIMIT_TOO_LOW",
-                detail=f"gas limit below the movement gas {movement}",
-                details={"limit": movement, "actual": tx.gas_limit},
-            )
-        if tx.gas_limit > params.max_gas_per_tx:
-            raise ApiError(
-                "GAS_LIMIT_TOO_HIGH",
-                detail=f"gas limit above the ceiling {params.max_gas_per_tx}",
-                details={"limit": params.max_gas_per_tx, "actual": tx.gas_limit},
-            )
+        problem = gas_limit_problem(tx, params)
+        if problem is not None:
+            raise problem
         ru = ru_for_gas_limit(tx.gas_limit)
         free = False
         price_per_ru = 0
