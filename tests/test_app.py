@@ -148,27 +148,3 @@ def test_unknown_routes_and_methods_are_problem_documents(tmp_path: Path) -> Non
             assert body["type"] == "https://docs.gasless.example/errors/not-found"
             assert body["instance"] == response.headers["Relay-Request-Id"]
             assert body["instance"].startswith("req_")
-
-
-def test_openapi_document_is_valid_and_every_ref_resolves(tmp_path: Path) -> None:
-    import json
-    import re
-
-    from openapi_spec_validator import validate
-
-    document = create_app(Settings(data_dir=tmp_path)).openapi()
-    validate(document)
-    assert document["openapi"].startswith("3.1")
-    refs = set(re.findall(r"#/components/schemas/([A-Za-z0-9_]+)", json.dumps(document)))
-    assert refs <= set(document["components"]["schemas"])
-    operations = {op["operationId"] for path in document["paths"].values() for op in path.values()}
-    assert {
-        "relayTransaction",
-        "assignRelayer",
-        "getRelayStatus",
-        "streamRelayEvents",
-        "getIntent",
-        "getIntentByTxHash",
-        "quoteRelay",
-        "validateTransaction",
-    } <= operations

@@ -26,6 +26,7 @@ from gasless.crypto import PurposeKeys
 from gasless.db import create_engine, ping, upgrade
 from gasless.errors import ApiError
 from gasless.logs import quiet_sdk_loggers
+from gasless.openapi import install_openapi
 from gasless.problems import RequestIdMiddleware, install_problem_handlers
 from gasless.relay import routes as relay_routes
 from gasless.relay.assign import AssignService
@@ -284,12 +285,13 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        openapi_url=None,  # served by gasless.openapi
     )
     app.state.host = state
     app.add_middleware(RequestIdMiddleware)
     install_problem_handlers(app, settings.docs_url)
     app.include_router(relay_routes.router)
-    _register_extra_schemas(app)
+    install_openapi(app, relay_routes.EXTRA_SCHEMAS)
 
     def health(status: Literal["ok", "starting", "unavailable"], checks: dict[str, str]) -> Health:
         return Health(
@@ -338,23 +340,3 @@ def create_app(
 
     return app
 
-
-def _register_extra_schemas(app: FastAPI) -> None:
-    """Request shapes that routes parse themselves (to refuse unknown members exactly) still belong in the
-    document: add them as components so the routes' `$ref`s resolve."""
-    base = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        document = base()
-        schemas = document.setdefault("components", {}).setdefault("schemas", {})
-        for model in relay_routes.EXTRA_SCHEMAS:
-            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-            for name, definition in schema.pop("$defs", {}).items():
-                schemas.setdefault(name, definition)
-            schemas[model.__name__] = schema
-        app.openapi_schema = document
-        return document
-
-    app.openapi = openapi  # type: ignore[method-assign]

@@ -21,6 +21,7 @@ from gasless.relay.schemas import (
     Assignment,
     AssignRequest,
     Intent,
+    Network,
     QuoteRelayRequest,
     RelayQuote,
     RelayRequest,
@@ -40,6 +41,23 @@ def _host(request: Request) -> Any:
     return request.app.state.host
 
 
+def _ready_host(request: Request) -> Any:
+    """The host, once it has restored its state; before that its repository and network view are unset."""
+    host = _host(request)
+    if not host.restored or host.repo is None or host.network is None:
+        raise ApiError(
+            "UPSTREAM_UNAVAILABLE",
+            detail="this host is still starting (restoring state, reaching the network); retry shortly",
+            details={"retryAfterMs": 1_000},
+        )
+    return host
+
+
+def _is_decimal(text: str) -> bool:
+    # str.isdigit() also accepts digits int() refuses (superscripts such as '²').
+    return text.isascii() and text.isdigit()
+
+
 def _bearer(authorization: str | None) -> str | None:
     if authorization and authorization.lower().startswith("bearer "):
         return authorization[7:].strip()
@@ -49,7 +67,7 @@ def _bearer(authorization: str | None) -> str | None:
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     """The body, refused with PAYLOAD_TOO_LARGE as soon as it passes `limit` (before parsing)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and _is_decimal(declared) and int(declared) > limit:
         raise ApiError("PAYLOAD_TOO_LARGE", detail=f"body is larger than {limit} bytes")
     chunks: list[bytes] = []
     size = 0
@@ -110,7 +128,7 @@ async def relay(
 
 
 async def _intent_for(request: Request, ident: str) -> Intent:
-    host = _host(request)
+    host = _ready_host(request)
     round_ms = host.network.params.round_duration_ms
     if _HASH.fullmatch(ident):
         tx_hash = ident.lower()
@@ -122,7 +140,7 @@ async def _intent_for(request: Request, ident: str) -> Intent:
             return rejected_intent(rejected, round_ms)
         raise ApiError("NOT_FOUND", detail=f"no intent with transaction hash {tx_hash}")
     sender, _, nonce_text = ident.rpartition(":")
-    if not sender or not nonce_text.isdigit():
+    if not sender or not _is_decimal(nonce_text):
         raise ApiError(
             "MALFORMED_REQUEST",
             detail="id is an IntentId (<sender>:<nonce>) or a 64-hex transaction hash",
@@ -132,7 +150,7 @@ async def _intent_for(request: Request, ident: str) -> Intent:
 
 
 async def _intent_for_slot(request: Request, sender: str, nonce: int) -> Intent:
-    host = _host(request)
+    host = _ready_host(request)
     try:
         sender = parse_address(sender).to_bech32()
     except InvalidAddress:
@@ -188,7 +206,7 @@ async def relay_events(
     first = await _intent_for(request, id)  # 404 before the stream opens
     host = _host(request)
     keys = (first.id, first.txHash) if first.txHash else (first.id,)
-    last_seq = int(last_event_id) if last_event_id and last_event_id.isdigit() else None
+    last_seq = int(last_event_id) if last_event_id and _is_decimal(last_event_id) else None
 
     async def events() -> AsyncIterator[ServerSentEvent]:
         wake = host.bus.subscribe(*keys)
@@ -255,7 +273,7 @@ async def validate(request: Request) -> ValidateResponse:
 EXTRA_SCHEMAS = (RelayRequest, ValidateRequest)
 
 
-@router.get("/v1/network", operation_id="getNetwork", tags=["meta"])
+@router.get("/v1/network", operation_id="getNetwork", tags=["meta"], response_model=Network)
 async def network(request: Request, response: Response) -> dict[str, Any]:
     """The network this host serves, with a recent shard-1 block for building native-auth tokens."""
     host = _host(request)

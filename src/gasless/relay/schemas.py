@@ -150,3 +150,30 @@ class ValidateResponse(BaseModel):
     ok: bool
     problems: list[ValidateProblem]
     txHash: str | None = None
+
+
+class NetworkNativeAuth(BaseModel):
+    """What a headless client needs to build a native-auth token this host accepts."""
+
+    shard: int
+    blockHash: str | None = Field(description="a recent shard-1 block hash to embed in the token")
+    blockNonce: int | None
+    blockTimestampMs: int | None
+    origins: list[str]
+    maxTtlSeconds: int
+
+
+class Network(BaseModel):
+    """The network this host serves (`GET /v1/network`)."""
+
+    chainId: str
+    env: Literal["live", "test"]
+    network: str
+    numShards: int
+    roundDurationMs: int
+    epoch: int
+    minGasPrice: int
+    minGasLimit: int
+    gasPerDataByte: int
+    maxGasPerTx: int
+    nativeAuth: NetworkNativeAuth

@@ -1,0 +1,263 @@
+"""What the OpenAPI document says about each operation beyond FastAPI's generation: its error statuses
+and codes, its security, whether it is a cached read. Keyed by operation id; `default_contract` covers an
+operation that is not listed yet (read from its shape), so a new route is documented sensibly at once and
+listed here when its table row in the spec says more.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+NATIVE_AUTH = "nativeAuth"
+API_KEY = "apiKey"
+X402 = "x402"
+
+PUBLIC: tuple[tuple[str, ...], ...] = ()
+# Each entry is one alternative; an empty alternative means "or nothing" (the credential is optional).
+OPTIONAL_API_KEY: tuple[tuple[str, ...], ...] = ((), (API_KEY,))
+OPTIONAL_NATIVE_AUTH: tuple[tuple[str, ...], ...] = ((), (NATIVE_AUTH,))
+NATIVE_AUTH_ONLY: tuple[tuple[str, ...], ...] = ((NATIVE_AUTH,),)
+NATIVE_AUTH_OR_API_KEY: tuple[tuple[str, ...], ...] = ((NATIVE_AUTH,), (API_KEY,))
+X402_PAYMENT: tuple[tuple[str, ...], ...] = ((X402,),)
+
+
+@dataclass(frozen=True)
+class OperationContract:
+    """What the document says about one operation beyond FastAPI's generation.
+
+    `problems` maps an HTTP status to the catalogue codes the operation answers with it (each code's
+    catalogue status must be that status). `security` lists the accepted alternatives (`PUBLIC` = none
+    needed). `cached` reads document `Cache-Control` and `ETag`.
+    """
+
+    problems: Mapping[int, tuple[str, ...]]
+    security: tuple[tuple[str, ...], ...] = PUBLIC
+    cached: bool = False
+    events: tuple[str, ...] = ()  # the `event:` names of an event stream
+
+
+_TOKEN_ERRORS = ("UNAUTHENTICATED", "TOKEN_INVALID", "TOKEN_EXPIRED")
+_STARTING = ("UPSTREAM_UNAVAILABLE",)  # the host restores its state (or lost the network) before serving
+_INTENT_READ: Mapping[int, tuple[str, ...]] = {
+    400: ("MALFORMED_REQUEST",),
+    404: ("NOT_FOUND",),
+    429: ("RATE_LIMITED",),
+    500: ("INTERNAL",),
+    503: _STARTING,
+}
+_RELAY_400 = (
+    "MALFORMED_REQUEST",
+    "VARIANTS_NOT_SUPPORTED",
+    "RELAYER_SIGNATURE_PRESENT",
+    "CHAIN_ID_MISMATCH",
+    "TX_VERSION_UNSUPPORTED",
+    "TX_OPTIONS_UNSUPPORTED",
+    "LEASE_MISSING",
+)
+_RELAY_422 = (
+    "REPLACEMENT_UNDERPRICED",
+    "RELAYER_UNKNOWN",
+    "RELAYER_SHARD_MISMATCH",
+    "GAS_PRICE_OUT_OF_RANGE",
+    "GAS_LIMIT_TOO_LOW",
+    "GAS_LIMIT_TOO_HIGH",
+    "GAS_OVERPROVISIONED",
+    "DATA_TOO_LARGE",
+    "SENDER_SIGNATURE_INVALID",
+    "GUARDIAN_SIGNATURE_INVALID",
+    "GUARDIAN_REQUIRED",
+    "GUARDIAN_MISMATCH",
+    "GUARDIAN_IS_RELAYER",
+    "INSUFFICIENT_SENDER_BALANCE",
+    "SIMULATION_FAILED",
+    "UNSUPPORTED_TX_FIELD",
+    "IDEMPOTENCY_KEY_REUSED",
+)
+
+# The spec's endpoint tables, plus 400 MALFORMED_REQUEST where there is input, 413 on bodies, 500, and 503
+# UPSTREAM_UNAVAILABLE on routes that need the relay core (answered while the host is still starting).
+OPERATIONS: dict[str, OperationContract] = {
+    # Meta
+    "getHealth": OperationContract({500: ("INTERNAL",)}),
+    "getReadiness": OperationContract({500: ("INTERNAL",)}),  # its 503 is a Health document
+    "getOpenApi": OperationContract({500: ("INTERNAL",)}),
+    "getNetwork": OperationContract(
+        {429: ("RATE_LIMITED",), 500: ("INTERNAL",), 503: _STARTING}, cached=True
+    ),
+    # Relay
+    "assignRelayer": OperationContract(
+        {
+            400: ("MALFORMED_REQUEST",),
+            401: ("ASSIGN_PROOF_REQUIRED", "ASSIGN_PROOF_INVALID", *_TOKEN_ERRORS),
+            403: ("ORIGIN_NOT_ALLOWED",),
+            409: ("RESIGN_REQUIRED", "NOTHING_TO_CANCEL"),
+            410: ("RELAYER_RETIRED",),
+            413: ("PAYLOAD_TOO_LARGE",),
+            422: ("RELAYER_UNKNOWN",),
+            429: ("RATE_LIMITED",),
+            500: ("INTERNAL",),
+            503: ("NO_RELAYER_AVAILABLE", "SIGNER_UNAVAILABLE", "SIGNER_FENCED", *_STARTING),
+        },
+        security=OPTIONAL_NATIVE_AUTH,
+    ),
+    "relayTransaction": OperationContract(
+        {
+            400: _RELAY_400,
+            401: ("API_KEY_INVALID",),
+            402: ("NO_ENTITLEMENT",),
+            403: (
+                "LEASE_INVALID",
+                "RECEIVER_NOT_ALLOWED",
+                "FREE_FLOW_BARRED",
+                "SENDER_NOT_AUTHORIZED",
+                "DEPLOY_NOT_ALLOWED",
+                "API_KEY_SCOPE",
+                "ORIGIN_NOT_ALLOWED",
+            ),
+            409: (
+                "LEASE_MISMATCH",
+                "LEASE_EXPIRED",
+                "NONCE_PIN_MISMATCH",
+                "RESIGN_REQUIRED",
+                "RESIGN_SAME_NONCE",
+                "INTENT_ALREADY_EXECUTED",
+                "NONCE_TOO_LOW",
+                "NONCE_IN_FLIGHT",
+                "NONCE_GAP",
+                "FREE_FLOW_BUSY",
+                "INTENT_ALREADY_SUBMITTED",
+                "IDEMPOTENCY_IN_PROGRESS",
+            ),
+            410: ("RELAYER_RETIRED",),
+            413: ("PAYLOAD_TOO_LARGE",),
+            422: _RELAY_422,
+            429: (
+                "TOO_MANY_IN_FLIGHT",
+                "HOURLY_BURN_EXCEEDED",
+                "QUOTA_EXHAUSTED",
+                "RATE_LIMITED",
+                "GAS_BUDGET_EXCEEDED",
+            ),
+            500: ("INTERNAL",),
+            503: (
+                "CONTRACT_PAUSED",
+                "FREE_FLOW_UNAVAILABLE",
+                "SIGNER_TIMEOUT",
+                "NO_RELAYER_AVAILABLE",
+                "UPSTREAM_UNAVAILABLE",
+                "SIGNER_UNAVAILABLE",
+                "SIGNER_FENCED",
+            ),
+        },
+        security=OPTIONAL_API_KEY,
+    ),
+    "getRelayStatus": OperationContract(_INTENT_READ, cached=True),
+    "getIntent": OperationContract(_INTENT_READ, cached=True),
+    "getIntentByTxHash": OperationContract(_INTENT_READ, cached=True),
+    "streamRelayEvents": OperationContract(_INTENT_READ, events=("intent",)),
+    "quoteRelay": OperationContract(
+        {
+            400: ("MALFORMED_REQUEST", "CHAIN_ID_MISMATCH", "TX_VERSION_UNSUPPORTED"),
+            413: ("PAYLOAD_TOO_LARGE",),
+            422: ("GAS_LIMIT_TOO_LOW", "GAS_LIMIT_TOO_HIGH", "UNSUPPORTED_TX_FIELD"),
+            429: ("RATE_LIMITED",),
+            500: ("INTERNAL",),
+            503: _STARTING,
+        }
+    ),
+    "validateTransaction": OperationContract(
+        {
+            400: ("MALFORMED_REQUEST",),
+            413: ("PAYLOAD_TOO_LARGE",),
+            429: ("RATE_LIMITED",),
+            500: ("INTERNAL",),
+            503: _STARTING,
+        }
+    ),
+    # Account reads and keys (spec tables; the routes arrive with the platform issues)
+    "getMe": OperationContract(
+        {
+            401: _TOKEN_ERRORS,
+            403: ("FORBIDDEN", "ORIGIN_NOT_ALLOWED"),
+            429: ("RATE_LIMITED",),
+            500: ("INTERNAL",),
+            503: _STARTING,
+        },
+        security=NATIVE_AUTH_ONLY,
+    ),
+    "listAccountSenders": OperationContract(
+        {
+            400: ("MALFORMED_REQUEST", "CURSOR_INVALID"),
+            404: ("NOT_FOUND",),
+            429: ("RATE_LIMITED",),
+            500: ("INTERNAL",),
+            503: _STARTING,
+        }
+    ),
+}
+
+
+def _key_route(*extra: int) -> OperationContract:
+    """Keys routes (spec: Keys, webhooks, notifications, streams): native-auth, owner writes."""
+    problems: dict[int, tuple[str, ...]] = {
+        400: ("MALFORMED_REQUEST",),
+        401: _TOKEN_ERRORS,
+        403: ("FORBIDDEN", "ACCOUNT_SUSPENDED", "ORIGIN_NOT_ALLOWED"),
+        429: ("RATE_LIMITED",),
+        500: ("INTERNAL",),
+        503: _STARTING,
+    }
+    by_status = {404: ("NOT_FOUND",), 409: ("LIMIT_REACHED",), 413: ("PAYLOAD_TOO_LARGE",), 422: ()}
+    problems.update({status: by_status[status] for status in extra})
+    return OperationContract(problems, security=NATIVE_AUTH_ONLY)
+
+
+OPERATIONS.update(
+    {
+        "listApiKeys": _key_route(),
+        "createApiKey": _key_route(409, 413, 422),
+        "updateApiKey": _key_route(404, 413, 422),
+        "revokeApiKey": _key_route(404),
+    }
+)
+
+_DEFAULT_401 = {NATIVE_AUTH: _TOKEN_ERRORS, API_KEY: ("API_KEY_INVALID",), X402: ()}
+
+
+def default_contract(path: str, operation: Mapping[str, Any]) -> OperationContract:
+    """The contract of an operation `OPERATIONS` does not list, read from its shape.
+
+    Input (parameters or a body) can be malformed (400); a path parameter names something that may not
+    exist (404); a body can be too large (413); every `/v1/` route class is rate limited (429); a
+    credential can be refused (401/403); anything can fail unexpectedly (500) or meet a host that is still
+    starting (503).
+    """
+    params = operation.get("parameters", [])
+    body = "requestBody" in operation
+    problems: dict[int, tuple[str, ...]] = {}
+    if params or body:
+        problems[400] = ("MALFORMED_REQUEST",)
+    security = security_of(operation)
+    required = [alt for alt in security if alt]
+    if required:
+        codes = tuple(
+            dict.fromkeys(code for alt in required for s in alt for code in _DEFAULT_401.get(s, ()))
+        )
+        if codes:
+            problems[401] = codes
+        problems[403] = ("FORBIDDEN", "ORIGIN_NOT_ALLOWED")
+    if any(p.get("in") == "path" for p in params):
+        problems[404] = ("NOT_FOUND",)
+    if body:
+        problems[413] = ("PAYLOAD_TOO_LARGE",)
+    if path.startswith("/v1/"):
+        problems[429] = ("RATE_LIMITED",)
+    problems[500] = ("INTERNAL",)
+    problems[503] = _STARTING
+    return OperationContract(problems, security=security)
+
+
+def security_of(operation: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
+    return tuple(tuple(requirement) for requirement in operation.get("security", ()))

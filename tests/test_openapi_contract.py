@@ -1,0 +1,375 @@
+"""The OpenAPI 3.1 document as a contract: valid, snapshotted, self-consistent, and served by the app."""
+
+from __future__ import annotations
+
+import copy
+import json
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Any
+
+import jsonschema
+import pytest
+from fastapi import Depends, FastAPI
+from fastapi.security import APIKeyHeader, HTTPBearer
+from fastapi.testclient import TestClient
+from openapi_spec_validator import OpenAPIV31SpecValidator, validate
+from openapi_spec_validator.versions.shortcuts import get_spec_version
+from pydantic import BaseModel
+
+from gasless.app import create_app
+from gasless.errors import CATALOGUE, PROBLEM_MEDIA_TYPE
+from gasless.openapi import (
+    SNAPSHOT_REFRESH,
+    build_document,
+    contract_snapshot,
+    install_openapi,
+    snapshot_differences,
+)
+from gasless.settings import Settings
+
+SNAPSHOT = Path(__file__).parent / "openapi_snapshot.json"
+METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
+# The only error-status answers that are not problem documents: readiness answers 503 with its Health.
+NOT_PROBLEMS = {("getReadiness", "503")}
+# Names the spec's endpoint tables give to request and response shapes of the implemented operations.
+SPEC_SCHEMAS = {
+    "Intent",
+    "Assignment",
+    "AssignRequest",
+    "RelayRequest",
+    "RelayResponse",
+    "RelayQuote",
+    "QuoteRelayRequest",
+    "ValidateRequest",
+    "ValidateResponse",
+    "Problem",
+    "Health",
+    "Network",
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def app(tmp_path: Path) -> FastAPI:
+    # Nothing answers on the gateway port: the document needs no network, and no lifespan runs here.
+    return create_app(Settings(data_dir=tmp_path, gateway_urls=[f"http://127.0.0.1:{free_port()}"]))
+
+
+@pytest.fixture
+def document(app: FastAPI) -> dict[str, Any]:
+    return app.openapi()
+
+
+def operations(document: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, item in document["paths"].items():
+        for method in METHODS:
+            if method in item:
+                yield path, method, item[method]
+
+
+def resolve(document: dict[str, Any], ref: str) -> Any:
+    assert ref.startswith("#/"), f"only local references are used: {ref}"
+    node: Any = document
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        assert isinstance(node, dict) and part in node, f"{ref} does not resolve (at {part!r})"
+        node = node[part]
+    return node
+
+
+def refs_in(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from refs_in(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from refs_in(value)
+
+
+# 1. Validity ---------------------------------------------------------------------------------------------
+def test_document_is_valid_openapi_3_1(document: dict[str, Any]) -> None:
+    assert document["openapi"] == "3.1.0"
+    assert document["info"]["version"] == "1.0.0-draft.1"
+    assert str(get_spec_version(document)) == "OpenAPIV3.1"
+    validate(document)
+    assert list(OpenAPIV31SpecValidator(document).iter_errors()) == []
+
+
+def test_served_document_is_the_built_one_and_is_cached(app: FastAPI, document: dict[str, Any]) -> None:
+    client = TestClient(app)
+    first = client.get("/openapi.json")
+    assert first.status_code == 200
+    assert first.headers["content-type"] == "application/json"
+    assert first.headers["Relay-Request-Id"].startswith("req_")
+    assert first.json() == json.loads(json.dumps(document))
+    assert app.openapi() is document  # built once
+    assert client.get("/openapi.json").content == first.content
+
+
+# 2. Snapshot ---------------------------------------------------------------------------------------------
+def test_contract_matches_the_committed_snapshot(document: dict[str, Any]) -> None:
+    expected = json.loads(SNAPSHOT.read_text())
+    actual = contract_snapshot(document)
+    changes = snapshot_differences(expected, actual)
+    assert not changes and expected == actual, (
+        "The OpenAPI contract changed:\n  "
+        + "\n  ".join(changes)
+        + f"\nIf the change is intended, refresh the snapshot with `{SNAPSHOT_REFRESH}` "
+        f"and commit {SNAPSHOT.name} with it."
+    )
+
+
+@pytest.mark.parametrize(
+    "mutate, expected_line",
+    [
+        (
+            lambda s: s["operations"].pop("GET /v1/tx/{hash}"),
+            "operation removed: GET /v1/tx/{hash} (getIntentByTxHash)",
+        ),
+        (
+            lambda s: s["operations"].__setitem__("GET /v1/new", {"operationId": "getNew"}),
+            "operation added: GET /v1/new (getNew)",
+        ),
+        (
+            lambda s: s["operations"]["GET /v1/relay/{id}"].__setitem__("operationId", "getRelay"),
+            "GET /v1/relay/{id}: operationId 'getRelayStatus' -> 'getRelay'",
+        ),
+        (
+            lambda s: s["operations"]["POST /v1/relay"]["responses"].remove("402"),
+            "POST /v1/relay: responses",
+        ),
+        (lambda s: s["schemas"].remove("Intent"), "schemas removed: Intent"),
+        (lambda s: s["schemas"].append("IntentV2"), "schemas added: IntentV2"),
+        (lambda s: s["securitySchemes"].remove("x402"), "securitySchemes removed: x402"),
+        (lambda s: s.__setitem__("version", "1.0.0"), "version: '1.0.0-draft.1' -> '1.0.0'"),
+    ],
+)
+def test_snapshot_comparison_reports_every_kind_of_change(
+    document: dict[str, Any], mutate: Any, expected_line: str
+) -> None:
+    committed = contract_snapshot(document)
+    changed = copy.deepcopy(committed)
+    mutate(changed)  # what a change of the code would produce
+    changes = snapshot_differences(committed, changed)
+    assert any(line.startswith(expected_line) for line in changes), changes
+    assert snapshot_differences(committed, copy.deepcopy(committed)) == []
+
+
+# 3. References and problem responses ----------------------------------------------------------------------
+def test_every_ref_resolves(document: dict[str, Any]) -> None:
+    refs = set(refs_in(document))
+    assert "#/components/schemas/Problem" in refs and "#/components/headers/RelayRequestId" in refs
+    for ref in refs:
+        resolve(document, ref)
+
+
+def test_every_error_response_is_a_problem_document(document: dict[str, Any]) -> None:
+    exceptions = set()
+    for path, method, operation in operations(document):
+        for status, response in operation["responses"].items():
+            assert status.isdigit(), f"{method} {path}: only explicit statuses, got {status}"
+            if int(status) < 400:
+                continue
+            if (operation["operationId"], status) in NOT_PROBLEMS:
+                exceptions.add((operation["operationId"], status))
+                continue
+            assert response["content"] == {
+                PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}
+            }, f"{method.upper()} {path} {status}"
+    assert exceptions == NOT_PROBLEMS
+    ready_503 = document["paths"]["/readyz"]["get"]["responses"]["503"]
+    assert ready_503["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/Health"}
+
+
+def test_no_fastapi_validation_error_is_documented(document: dict[str, Any]) -> None:
+    assert not {"HTTPValidationError", "ValidationError"} & set(document["components"]["schemas"])
+    assert "HTTPValidationError" not in json.dumps(document)
+    for path, _method, operation in operations(document):
+        if "422" in operation["responses"]:
+            assert operation["operationId"] in ("relayTransaction", "quoteRelay", "assignRelayer"), path
+
+
+def test_listed_codes_belong_to_their_status(document: dict[str, Any]) -> None:
+    for path, method, operation in operations(document):
+        for status, response in operation["responses"].items():
+            for code in response.get("x-error-codes", []):
+                assert code in CATALOGUE, f"{method} {path}: {code}"
+                assert CATALOGUE[code].status == int(status), f"{method} {path} {status}: {code}"
+
+
+def test_every_operation_documents_malformed_input_and_internal_failure(document: dict[str, Any]) -> None:
+    for path, method, operation in operations(document):
+        responses = operation["responses"]
+        assert "MALFORMED_REQUEST" in responses.get("400", {}).get("x-error-codes", []) or not (
+            operation.get("parameters") or "requestBody" in operation
+        ), f"{method} {path}: input without 400"
+        assert responses["500"]["x-error-codes"] == ["INTERNAL"], f"{method} {path}"
+        if "requestBody" in operation:
+            assert responses["413"]["x-error-codes"] == ["PAYLOAD_TOO_LARGE"], f"{method} {path}"
+        if path.startswith("/v1/"):
+            assert "RATE_LIMITED" in responses["429"]["x-error-codes"], f"{method} {path}"
+
+
+def test_problem_schema_is_the_catalogue(document: dict[str, Any]) -> None:
+    problem = document["components"]["schemas"]["Problem"]
+    assert problem["properties"]["code"]["enum"] == list(CATALOGUE)
+    assert {"type", "title", "status", "detail", "instance", "code", "details"} <= set(problem["properties"])
+    assert problem["properties"]["details"]["type"] == "object"
+
+
+def test_rendered_problems_match_the_problem_schema(app: FastAPI, document: dict[str, Any]) -> None:
+    problem = document["components"]["schemas"]["Problem"]
+    client = TestClient(app)
+    answers = [
+        client.get("/v1/nothing-here"),  # NOT_FOUND
+        client.get("/v1/intents/erd1x/-1"),  # MALFORMED_REQUEST from FastAPI's validation
+        client.get("/v1/relay/abc"),  # UPSTREAM_UNAVAILABLE: this host never becomes ready
+    ]
+    assert [a.status_code for a in answers] == [404, 400, 503]
+    for answer in answers:
+        assert answer.headers["content-type"] == PROBLEM_MEDIA_TYPE
+        jsonschema.validate(answer.json(), problem)
+
+
+# Security and headers -------------------------------------------------------------------------------------
+def test_security_schemes_and_requirements(document: dict[str, Any]) -> None:
+    schemes = document["components"]["securitySchemes"]
+    assert schemes["nativeAuth"] == {**schemes["nativeAuth"], "type": "http", "scheme": "bearer"}
+    assert schemes["apiKey"] == {**schemes["apiKey"], "type": "apiKey", "in": "header", "name": "X-Api-Key"}
+    assert schemes["x402"] == {
+        **schemes["x402"],
+        "type": "apiKey",
+        "in": "header",
+        "name": "PAYMENT-SIGNATURE",
+    }
+    by_id = {operation["operationId"]: operation for _, _, operation in operations(document)}
+    assert by_id["relayTransaction"]["security"] == [{}, {"apiKey": []}]
+    assert by_id["assignRelayer"]["security"] == [{}, {"nativeAuth": []}]
+    public = set(by_id) - {"relayTransaction", "assignRelayer"}
+    assert public and all(by_id[op_id]["security"] == [] for op_id in public)
+    for op_id, operation in by_id.items():
+        headers = {p["name"].lower() for p in operation.get("parameters", []) if p["in"] == "header"}
+        assert not headers & {"authorization", "x-api-key", "payment-signature"}, op_id
+
+
+def test_response_headers(document: dict[str, Any]) -> None:
+    for _path, _method, operation in operations(document):
+        op_id = operation["operationId"]
+        for status, response in operation["responses"].items():
+            headers = response["headers"]
+            assert headers["Relay-Request-Id"] == {"$ref": "#/components/headers/RelayRequestId"}
+            if status == "429":
+                assert {"Retry-After", "RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"} <= set(
+                    headers
+                ), f"{op_id} 429"
+            if status == "402":
+                assert "PAYMENT-REQUIRED" in headers, op_id
+            cached = op_id in ("getNetwork", "getRelayStatus", "getIntent", "getIntentByTxHash")
+            if status == "200":
+                assert ({"Cache-Control", "ETag"} <= set(headers)) is cached, op_id
+    assert document["components"]["headers"]["RelayRequestId"]["required"] is True
+
+
+def test_event_stream_is_documented_as_text_event_stream(document: dict[str, Any]) -> None:
+    ok = document["paths"]["/v1/relay/{id}/events"]["get"]["responses"]["200"]
+    assert list(ok["content"]) == ["text/event-stream"]
+    event = ok["content"]["text/event-stream"]["schema"]  # OpenAPI 3.1: the schema of one event
+    assert event["properties"]["event"]["enum"] == ["intent"]
+    assert event["properties"]["data"] == {
+        "type": "string",
+        "contentMediaType": "application/json",
+        "contentSchema": {"$ref": "#/components/schemas/Intent"},
+    }
+    parameters = document["paths"]["/v1/relay/{id}/events"]["get"]["parameters"]
+    assert {"name": "Last-Event-ID", "in": "header"}.items() <= parameters[1].items()
+    assert parameters[1]["schema"]["type"] == "string"  # absent, never null
+
+
+# Names and success shapes ---------------------------------------------------------------------------------
+def test_schema_names_and_success_responses_are_the_specs(document: dict[str, Any]) -> None:
+    assert SPEC_SCHEMAS <= set(document["components"]["schemas"])
+    by_id = {operation["operationId"]: operation for _, _, operation in operations(document)}
+
+    def ok_schema(op_id: str, status: str = "200") -> Any:
+        return by_id[op_id]["responses"][status]["content"]["application/json"]["schema"]
+
+    def body_schema(op_id: str) -> Any:
+        return by_id[op_id]["requestBody"]["content"]["application/json"]["schema"]
+
+    ref = "#/components/schemas/"
+    assert (
+        ok_schema("relayTransaction")
+        == ok_schema("relayTransaction", "202")
+        == {"$ref": ref + "RelayResponse"}
+    )
+    assert ok_schema("assignRelayer") == {"$ref": ref + "Assignment"}
+    for op_id in ("getRelayStatus", "getIntent", "getIntentByTxHash"):
+        assert ok_schema(op_id) == {"$ref": ref + "Intent"}
+    assert ok_schema("quoteRelay") == {"$ref": ref + "RelayQuote"}
+    assert ok_schema("validateTransaction") == {"$ref": ref + "ValidateResponse"}
+    assert ok_schema("getNetwork") == {"$ref": ref + "Network"}
+    assert ok_schema("getHealth") == ok_schema("getReadiness") == {"$ref": ref + "Health"}
+    assert body_schema("relayTransaction") == {"$ref": ref + "RelayRequest"}
+    assert body_schema("assignRelayer") == {"$ref": ref + "AssignRequest"}
+    assert body_schema("quoteRelay") == {"$ref": ref + "QuoteRelayRequest"}
+    assert body_schema("validateTransaction") == {"$ref": ref + "ValidateRequest"}
+    assert document["components"]["schemas"]["RelayRequest"]["additionalProperties"] is False
+
+
+# Routes added later ---------------------------------------------------------------------------------------
+class Thing(BaseModel):
+    name: str
+
+
+BEARER = HTTPBearer(auto_error=False)
+SPONSOR_KEY = APIKeyHeader(name="X-Api-Key")
+OTHER_KEY = APIKeyHeader(name="X-Other-Key")
+
+
+def test_a_route_added_later_gets_the_default_contract(app: FastAPI) -> None:
+    @app.post("/v1/things/{thing}", operation_id="putThing", response_model=Thing)
+    async def put_thing(thing: str, body: Thing, token: Annotated[Any, Depends(BEARER)]) -> Thing:
+        return body
+
+    @app.get("/v1/keys-only", operation_id="keysOnly", responses={409: {"description": "taken"}})
+    async def keys_only(key: Annotated[Any, Depends(SPONSOR_KEY)]) -> dict[str, str]:
+        return {}
+
+    document = app.openapi()
+    validate(document)
+    by_id = {operation["operationId"]: operation for _, _, operation in operations(document)}
+    put = by_id["putThing"]
+    assert put["security"] == [{"nativeAuth": []}]
+    assert sorted(put["responses"]) == ["200", "400", "401", "403", "404", "413", "429", "500", "503"]
+    assert put["responses"]["401"]["x-error-codes"] == ["UNAUTHENTICATED", "TOKEN_INVALID", "TOKEN_EXPIRED"]
+    assert put["responses"]["413"]["content"][PROBLEM_MEDIA_TYPE]["schema"] == {
+        "$ref": "#/components/schemas/Problem"
+    }
+    keys = by_id["keysOnly"]
+    assert keys["security"] == [{"apiKey": []}]
+    assert keys["responses"]["401"]["x-error-codes"] == ["API_KEY_INVALID"]
+    assert keys["responses"]["409"]["content"][PROBLEM_MEDIA_TYPE]  # its own status, as a problem
+    assert set(document["components"]["securitySchemes"]) == {"nativeAuth", "apiKey", "x402"}
+    assert "Thing" in document["components"]["schemas"]
+
+
+def test_a_security_scheme_outside_the_three_is_refused() -> None:
+    app = FastAPI(openapi_url=None)
+
+    @app.get("/v1/basic", operation_id="basic")
+    async def basic(key: Annotated[Any, Depends(OTHER_KEY)]) -> dict[str, str]:
+        return {}
+
+    install_openapi(app)
+    with pytest.raises(ValueError, match="APIKeyHeader"):
+        build_document(app)
