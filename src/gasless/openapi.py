@@ -22,7 +22,7 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
@@ -35,6 +35,7 @@ API_VERSION = "1.0.0-draft.1"
 EVENT_STREAM = "text/event-stream"
 SCHEMAS = "#/components/schemas/"
 HEADERS = "#/components/headers/"
+_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 # FastAPI's validation-error answer, which this API never gives (problems.py answers MALFORMED_REQUEST).
 _FASTAPI_VALIDATION_SCHEMAS = ("HTTPValidationError", "ValidationError")
 
@@ -195,7 +196,7 @@ def _normalise_security(document: dict[str, Any]) -> None:
 def _operations(document: Mapping[str, Any]) -> Iterable[dict[str, Any]]:
     for item in document.get("paths", {}).values():
         for method, operation in item.items():
-            if method in ("get", "put", "post", "delete", "options", "head", "patch", "trace"):
+            if method in _METHODS:
                 yield operation
 
 
@@ -344,13 +345,12 @@ def install_openapi(app: FastAPI, extra_models: Iterable[type[BaseModel]] = ()) 
         response_class=JSONResponse,
         responses={200: {"content": {"application/json": {"schema": {"type": "object"}}}}},
     )
-    async def openapi_document(request: Request) -> JSONResponse:
+    async def openapi_document() -> JSONResponse:
         return JSONResponse(openapi())
 
 
 # The committed snapshot (tests/openapi_snapshot.json, refreshed by tools/snapshot_openapi.py) ------------
 SNAPSHOT_REFRESH = ".venv/bin/python tools/snapshot_openapi.py"
-_METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 
 
 def contract_snapshot(document: Mapping[str, Any]) -> dict[str, Any]:
