@@ -339,4 +339,3 @@ def create_app(
         return health("ok" if ready else ("starting" if not state.restored else "unavailable"), checks)
 
     return app
-
