@@ -334,6 +334,7 @@ class Thing(BaseModel):
 BEARER = HTTPBearer(auto_error=False)
 SPONSOR_KEY = APIKeyHeader(name="X-Api-Key")
 OTHER_KEY = APIKeyHeader(name="X-Other-Key")
+PAYMENT = APIKeyHeader(name="PAYMENT-SIGNATURE")
 
 
 def test_a_route_added_later_gets_the_default_contract(app: FastAPI) -> None:
@@ -345,9 +346,21 @@ def test_a_route_added_later_gets_the_default_contract(app: FastAPI) -> None:
     async def keys_only(key: Annotated[Any, Depends(SPONSOR_KEY)]) -> dict[str, str]:
         return {}
 
+    @app.post("/v1/paid", operation_id="paidThing", status_code=200)
+    async def paid(body: Thing, payment: Annotated[Any, Depends(PAYMENT)]) -> Thing:
+        return body
+
     document = app.openapi()
     validate(document)
     by_id = {operation["operationId"]: operation for _, _, operation in operations(document)}
+    paid_op = by_id["paidThing"]
+    assert paid_op["security"] == [{"x402": []}]
+    assert paid_op["responses"]["402"]["x-error-codes"] == [
+        "PAYMENT_REQUIRED",
+        "PAYMENT_INVALID",
+        "PAYMENT_FAILED",
+    ]
+    assert "PAYMENT-REQUIRED" in paid_op["responses"]["402"]["headers"]
     put = by_id["putThing"]
     assert put["security"] == [{"nativeAuth": []}]
     assert sorted(put["responses"]) == ["200", "400", "401", "403", "404", "413", "429", "500", "503"]

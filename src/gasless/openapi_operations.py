@@ -229,8 +229,8 @@ _DEFAULT_401 = {NATIVE_AUTH: _TOKEN_ERRORS, API_KEY: ("API_KEY_INVALID",), X402:
 def default_contract(path: str, operation: Mapping[str, Any]) -> OperationContract:
     """The contract of an operation `OPERATIONS` does not list, read from its shape.
 
-    Input (parameters or a body) can be malformed (400); a path parameter names something that may not
-    exist (404); a body can be too large (413); every `/v1/` route class is rate limited (429); a
+    Input (parameters or a body) can be malformed (400); a payment can be asked for or refused (402); a
+    path parameter names something that may not exist (404); a body can be too large (413); every `/v1/` route class is rate limited (429); a
     credential can be refused (401/403); anything can fail unexpectedly (500) or meet a host that is still
     starting (503).
     """
@@ -248,6 +248,8 @@ def default_contract(path: str, operation: Mapping[str, Any]) -> OperationContra
         if codes:
             problems[401] = codes
         problems[403] = ("FORBIDDEN", "ORIGIN_NOT_ALLOWED")
+    if any(X402 in alt for alt in required):
+        problems[402] = ("PAYMENT_REQUIRED", "PAYMENT_INVALID", "PAYMENT_FAILED")
     if any(p.get("in") == "path" for p in params):
         problems[404] = ("NOT_FOUND",)
     if body:
