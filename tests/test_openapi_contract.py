@@ -334,7 +334,8 @@ class Thing(BaseModel):
 BEARER = HTTPBearer(auto_error=False)
 SPONSOR_KEY = APIKeyHeader(name="X-Api-Key")
 OTHER_KEY = APIKeyHeader(name="X-Other-Key")
-PAYMENT = APIKeyHeader(name="PAYMENT-SIGNATURE")
+# FastAPI names a generated scheme by its class: two APIKeyHeader instances need their own scheme_name.
+PAYMENT = APIKeyHeader(name="PAYMENT-SIGNATURE", scheme_name="x402")
 
 
 def test_a_route_added_later_gets_the_default_contract(app: FastAPI) -> None:
