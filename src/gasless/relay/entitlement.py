@@ -125,6 +125,22 @@ class ContractMirror:
 
         return await self._cache.get(("owner",), load, ttl_ms=60_000)
 
+    async def account(self, address: str) -> Any | None:
+        """The contract's account view of `address`, or None when it has no account."""
+        pubkey = parse_address(address).get_public_key()
+        views = await self._cache.get(
+            ("getAccount", address), lambda: self._view("getAccount", [pubkey]), ttl_ms=1_000
+        )
+        return views[0]
+
+    async def senders(self, address: str) -> list[str]:
+        """The account's authorised senders, oldest authorisation first (the contract's order)."""
+        pubkey = parse_address(address).get_public_key()
+        views = await self._cache.get(
+            ("getSenders", address), lambda: self._view("getSenders", [pubkey]), ttl_ms=1_000
+        )
+        return [_bech32(value) for value in views[0]]
+
     async def paying_account(self, sender: str) -> tuple[str, str] | None:
         """(account, relation) where relation is `own` or `authorised`; None when neither exists."""
         pubkey = parse_address(sender).get_public_key()
@@ -145,6 +161,11 @@ class ContractMirror:
         return await self._cache.get(
             ("account", sender), load, ttl_ms=lambda found: 1_000 if found is None else 10_000
         )
+
+
+def _bech32(value: Any) -> str:
+    raw = value if isinstance(value, bytes) else value.get_public_key()
+    return address_of(bytes(raw)).to_bech32()
 
 
 def function_of(tx: Transaction) -> str:
