@@ -289,6 +289,7 @@ SPEC_ERRORS: dict[str, tuple[int, bool, str | None, tuple[str, ...]]] = {
     "INTERNAL": (500, True, "SAME_BYTES", ()),
     "NOT_FOUND": (404, False, None, ()),
     "PAYLOAD_TOO_LARGE": (413, False, None, ()),
+    "CURSOR_INVALID": (400, False, None, ()),
 }
 DOCS_ERRORS_URL = "https://docs.gasless.example/errors/"
 
