@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -103,13 +104,20 @@ def _now_arg(clock: Callable[[], float] | None) -> str:
 
 
 class _Health:
-    """Logs Redis failures once per outage, not once per request."""
+    """During an outage, Redis is tried again at most once per `retry_s` (a request must not wait for a
+    connect timeout each time); the outage is logged once, not once per request."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, retry_s: float = 1.0) -> None:
         self.what = what
+        self.retry_s = retry_s
         self.failing = False
+        self.skip_until = 0.0
+
+    def skip(self) -> bool:
+        return self.failing and time.monotonic() < self.skip_until
 
     def failed(self, exc: Exception) -> None:
+        self.skip_until = time.monotonic() + self.retry_s
         if not self.failing:
             self.failing = True
             log.warning(f"redis unreachable; {self.what} fall back to this host", error=type(exc).__name__)
@@ -133,6 +141,8 @@ class RedisRateLimiter:
         return f"{self.namespace}:rate:{bucket}:{key}"
 
     async def take(self, bucket: str, key: str, rate: Rate, cost: float = 1.0) -> Decision:
+        if self._health.skip():
+            return self._fallback.take_now(bucket, key, rate, cost)
         try:
             allowed, tokens = await self._take(
                 keys=[self.key(bucket, key)],
@@ -193,6 +203,8 @@ class RedisConcurrencyLimiter:
         return f"{self.namespace}:conc:{bucket}:{key}"
 
     async def acquire(self, bucket: str, key: str, limit: int) -> tuple[Decision, Slot | None]:
+        if self._health.skip():
+            return await self._fallback.acquire(bucket, key, limit)
         name = self.key(bucket, key)
         lease_id = secrets.token_hex(12)
         try:

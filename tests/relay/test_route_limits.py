@@ -242,3 +242,42 @@ def test_relay_events_streams_are_limited_per_ip(served: tuple[Served, Any], pro
         for stream in streams:
             stream.close()
         env.faults(chain={"stalledShards": []})
+
+
+# The client SDK under these limits -------------------------------------------------------------------------
+async def test_client_follows_by_polling_when_streams_and_polls_are_limited() -> None:
+    from aiohttp import web
+
+    from gasless.client.api import RelayClient
+
+    def limited(retry_ms: int) -> web.Response:
+        body = {"code": "RATE_LIMITED", "status": 429, "details": {"retryAfterMs": retry_ms, "scope": "ip"}}
+        return web.json_response(body, status=429, headers={"Retry-After": "1"})
+
+    polls: list[str] = []
+
+    async def events(request: web.Request) -> web.Response:
+        return limited(1_000)
+
+    async def status(request: web.Request) -> web.Response:
+        polls.append("poll")
+        if len(polls) == 2:
+            return limited(50)
+        state = "FINALIZED" if len(polls) >= 3 else "BROADCAST"
+        return web.json_response({"id": "erd1x:0", "state": state, "final": state == "FINALIZED"})
+
+    app = web.Application()
+    app.router.add_get("/v1/relay/{id}/events", events)
+    app.router.add_get("/v1/relay/{id}", status)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        async with RelayClient(url) as client:
+            states = [i["state"] async for i in client.follow("erd1x:0", poll_interval_s=0.01, timeout_s=10)]
+        assert states == ["BROADCAST", "FINALIZED"]
+        assert len(polls) == 3  # the refused poll was read again
+    finally:
+        await runner.cleanup()
