@@ -274,7 +274,13 @@ async def validate(request: Request) -> ValidateResponse:
 EXTRA_SCHEMAS = (RelayRequest, ValidateRequest)
 
 
-@router.get("/v1/network", operation_id="getNetwork", tags=["meta"], dependencies=[PUBLIC_READ])
+@router.get(
+    "/v1/network",
+    operation_id="getNetwork",
+    tags=["meta"],
+    response_model=dict[str, Any],
+    dependencies=[PUBLIC_READ],
+)
 async def network(request: Request) -> Response:
     """The network this host serves, with a recent shard-1 block for building native-auth tokens."""
     host = _host(request)
