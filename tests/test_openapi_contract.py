@@ -33,6 +33,7 @@ SNAPSHOT = Path(__file__).parent / "openapi_snapshot.json"
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 # The only error-status answers that are not problem documents: readiness answers 503 with its Health.
 NOT_PROBLEMS = {("getReadiness", "503")}
+CACHED_READS = ("getNetwork", "getRelayStatus", "getIntent", "getIntentByTxHash", "listAccountSenders")
 # Names the spec's endpoint tables give to request and response shapes of the implemented operations.
 SPEC_SCHEMAS = {
     "Intent",
@@ -210,8 +211,10 @@ def test_listed_codes_belong_to_their_status(document: dict[str, Any]) -> None:
 def test_every_operation_documents_malformed_input_and_internal_failure(document: dict[str, Any]) -> None:
     for path, method, operation in operations(document):
         responses = operation["responses"]
+        # Input that can be malformed: anything but If-None-Match (any string is a valid list of tags).
+        inputs = [p for p in operation.get("parameters", []) if p["name"] != "If-None-Match"]
         assert "MALFORMED_REQUEST" in responses.get("400", {}).get("x-error-codes", []) or not (
-            operation.get("parameters") or "requestBody" in operation
+            inputs or "requestBody" in operation
         ), f"{method} {path}: input without 400"
         assert responses["500"]["x-error-codes"] == ["INTERNAL"], f"{method} {path}"
         if "requestBody" in operation:
@@ -274,9 +277,16 @@ def test_response_headers(document: dict[str, Any]) -> None:
                 ), f"{op_id} 429"
             if status == "402":
                 assert "PAYMENT-REQUIRED" in headers, op_id
-            cached = op_id in ("getNetwork", "getRelayStatus", "getIntent", "getIntentByTxHash")
+            cached = op_id in CACHED_READS
             if status == "200":
                 assert ({"Cache-Control", "ETag"} <= set(headers)) is cached, op_id
+            if status == "304":
+                assert cached and "content" not in response, op_id
+                assert {"Cache-Control", "ETag"} <= set(headers), op_id
+        if op_id in CACHED_READS:
+            assert "304" in operation["responses"], op_id
+            names = [p["name"] for p in operation["parameters"] if p["in"] == "header"]
+            assert "If-None-Match" in names, op_id
     assert document["components"]["headers"]["RelayRequestId"]["required"] is True
 
 

@@ -19,14 +19,20 @@ from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless import __version__
+from gasless.accounts import routes as account_routes
+from gasless.accounts.senders import SenderListing
 from gasless.auth.native_auth import NativeAuthVerifier
+from gasless.body_limit import BodyLimitMiddleware
 from gasless.chain.gateway import GatewayClient
 from gasless.chain.network import NetworkView
 from gasless.crypto import PurposeKeys
 from gasless.db import create_engine, ping, upgrade
 from gasless.errors import ApiError
+from gasless.limits import RouteLimiter, RouteLimitTable, local_route_limiter
+from gasless.limits_redis import redis_backends, redis_namespace
 from gasless.logs import quiet_sdk_loggers
 from gasless.openapi import install_openapi
+from gasless.pages import CursorCodec
 from gasless.problems import RequestIdMiddleware, install_problem_handlers
 from gasless.relay import routes as relay_routes
 from gasless.relay.assign import AssignService
@@ -38,6 +44,7 @@ from gasless.relay.quote import QuoteService
 from gasless.relay.relayers import RelayerPool
 from gasless.relay.repository import IntentRepository
 from gasless.relay.service import RelayConfig, RelayService
+from gasless.route_limits import RateLimitHeadersMiddleware
 from gasless.settings import Settings
 from gasless.signer import FencedSigner, PemSigner, Signer
 
@@ -62,6 +69,9 @@ class HostState:
 
     settings: Settings
     boot_epoch_ms: int
+    keys: PurposeKeys
+    limits: RouteLimiter
+    cursors: CursorCodec
     engine: AsyncEngine | None = None
     http: aiohttp.ClientSession | None = None
     redis: Redis | None = None
@@ -80,6 +90,9 @@ class HostState:
     relay_service: RelayService | None = None
     assign_service: AssignService | None = None
     quote_service: QuoteService | None = None
+    mirror: ContractMirror | None = None
+    native_auth: NativeAuthVerifier | None = None
+    sender_listing: SenderListing | None = None
     startup_error: str | None = None
 
     def _require(self, value: Any) -> Any:
@@ -102,6 +115,10 @@ class HostState:
     @property
     def quotes(self) -> QuoteService:
         return self._require(self.quote_service)  # type: ignore[no-any-return]
+
+    @property
+    def senders(self) -> SenderListing:
+        return self._require(self.sender_listing)  # type: ignore[no-any-return]
 
 
 async def _gateway_answers(state: HostState) -> bool:
@@ -174,8 +191,7 @@ async def _start_relay_core(
     )
     await relayers.start()
     state.relayers = relayers
-    keys = purpose_keys(settings)
-    leases = LeaseCodec(keys)
+    leases = LeaseCodec(state.keys)
     repo = IntentRepository(state.engine)
     bus = IntentBus()
     broadcaster = Broadcaster(gateway, repo, bus)
@@ -201,6 +217,7 @@ async def _start_relay_core(
         repo=repo,
         native_auth=native_auth,
         max_clock_offset_ms=settings.max_clock_offset_ms,
+        limits=state.limits,
     )
     relay = RelayService(
         RelayConfig(
@@ -230,6 +247,8 @@ async def _start_relay_core(
     state.retention = retention
     state.relay_service, state.assign_service = relay, assign
     state.quote_service = QuoteService(network, mirror)
+    state.mirror, state.native_auth = mirror, native_auth
+    state.sender_listing = SenderListing(mirror, state.cursors)
     state.startup_error = None
     state.restored = True
     log.info("host ready", host_id=settings.host_id, network=settings.profile, recovered=recovered)
@@ -249,9 +268,18 @@ def create_app(
     *,
     signer_wrapper: Callable[[Signer], Signer] | None = None,
     entitlement_factory: Callable[[ContractMirror], Entitlement] | None = None,
+    route_limits: RouteLimitTable | None = None,
 ) -> FastAPI:
-    """The API host. `signer_wrapper` and `entitlement_factory` replace collaborators (fault tests, KMS)."""
-    state = HostState(settings=settings, boot_epoch_ms=int(time.time() * 1000))
+    """The API host. `signer_wrapper` and `entitlement_factory` replace collaborators (fault tests, KMS);
+    `route_limits` replaces the spec's request-limit table (tests, an operator's tighter limits)."""
+    keys = purpose_keys(settings)
+    state = HostState(
+        settings=settings,
+        boot_epoch_ms=int(time.time() * 1000),
+        keys=keys,
+        limits=local_route_limiter(route_limits),
+        cursors=CursorCodec(keys),
+    )
     quiet_sdk_loggers()
 
     @asynccontextmanager
@@ -260,6 +288,9 @@ def create_app(
         state.http = aiohttp.ClientSession()
         if settings.redis_url:
             state.redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=2)
+            # Shared buckets and stream slots: hosts a and b limit together.
+            namespace = redis_namespace(settings.redis_prefix, settings.key_env, settings.network.chain_id)
+            state.limits = RouteLimiter(state.limits.table, *redis_backends(state.redis, namespace))
         startup: asyncio.Task[None] | None = None
         try:
             await upgrade(state.engine)
@@ -274,6 +305,7 @@ def create_app(
                 with contextlib.suppress(BaseException):
                     await startup
             await _stop_relay_core(state)
+            await state.limits.close()
             if state.redis is not None:
                 await state.redis.aclose()
             await state.http.close()
@@ -288,9 +320,13 @@ def create_app(
         openapi_url=None,  # served by gasless.openapi
     )
     app.state.host = state
+    # Outermost last: request id, then RateLimit-* headers, then the body limit (before any route code).
+    app.add_middleware(BodyLimitMiddleware, docs_url=settings.docs_url)
+    app.add_middleware(RateLimitHeadersMiddleware)
     app.add_middleware(RequestIdMiddleware)
     install_problem_handlers(app, settings.docs_url)
     app.include_router(relay_routes.router)
+    app.include_router(account_routes.router)
     install_openapi(app, relay_routes.EXTRA_SCHEMAS)
 
     def health(status: Literal["ok", "starting", "unavailable"], checks: dict[str, str]) -> Health:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -21,6 +22,16 @@ app = typer.Typer(
 console = Console(stderr=True)
 
 app.add_typer(relay_app, name="relay")
+
+def run_service(main: Coroutine[Any, Any, None]) -> None:
+    """Long-running servers run on uvloop (uvicorn's standard loop) where it exists."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is not built for every platform
+        asyncio.run(main)
+        return
+    uvloop.run(main)
+
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="Where wallets, the database and secrets live.")]
 
@@ -64,7 +75,7 @@ def up(
         data_dir=data_dir, api_port=port, localnet_port=localnet_port, round_ms=round_ms
     )
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_embedded(options, on_ready=_print_embedded))
+        run_service(run_embedded(options, on_ready=_print_embedded))
 
 
 @app.command()
@@ -98,7 +109,7 @@ def localnet(
         await stop.wait()
         await net.stop()
 
-    asyncio.run(main())
+    run_service(main())
 
 
 @app.command()
@@ -122,7 +133,7 @@ def serve(
     except ValueError as exc:
         console.print(f"[red]invalid settings:[/red] {exc}")
         raise typer.Exit(2) from None
-    asyncio.run(serve_api(settings, log_level="info"))
+    run_service(serve_api(settings, log_level="info"))
 
 
 @app.command()

@@ -1,12 +1,26 @@
-"""In-process token buckets (the embedded default). Issue-level Redis buckets share the same interface."""
+"""Request limits: token buckets and concurrency slots, in process or shared through Redis.
+
+The route-class table of the spec ("Request limits outside the relay path", plus the assignment limits) is
+`RouteLimitTable`: data, in one place. `RouteLimiter` applies one of its rules to a key and answers a
+`Decision`, raising `RATE_LIMITED` (with the `RateLimit-*` headers) when the rule refuses. The embedded
+default keeps buckets in process; with `settings.redis_url` the Redis backends (`limits_redis.py`) share
+them between hosts. The HTTP side (dependencies, headers) is `route_limits.py`.
+"""
 
 from __future__ import annotations
 
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Protocol
+
+from gasless.errors import ApiError
+
+# A refused stream has no time at which a slot frees up; clients are told to look again after this long.
+STREAM_RETRY_MS = 1_000
 
 
 @dataclass(frozen=True)
@@ -16,6 +30,34 @@ class Decision:
     remaining: int
     retry_after_ms: int
     reset_ms: int
+
+    def headers(self) -> dict[str, str]:
+        """`RateLimit-*` (seconds, rounded up); a refusal's `Retry-After` comes with its ApiError."""
+        return {
+            "RateLimit-Limit": str(self.limit),
+            "RateLimit-Remaining": str(max(0, self.remaining)),
+            "RateLimit-Reset": str(math.ceil(self.reset_ms / 1000)),
+        }
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A token bucket: `per_second` tokens refill a bucket of `burst` tokens."""
+
+    per_second: float
+    burst: int
+
+    def __post_init__(self) -> None:
+        if self.per_second <= 0 or self.burst < 1:
+            raise ValueError("a rate needs per_second > 0 and burst >= 1")
+
+
+def bucket_decision(rate: Rate, tokens: float, allowed: bool, cost: float) -> Decision:
+    """The decision of a bucket holding `tokens` after a take of `cost` (shared by both backends)."""
+    missing = max(0.0, cost - tokens)
+    retry_ms = 0 if allowed else max(1, math.ceil(missing / rate.per_second * 1000))
+    reset_ms = math.ceil(max(0.0, rate.burst - tokens) / rate.per_second * 1000)
+    return Decision(allowed, rate.burst, int(tokens), retry_ms, reset_ms)
 
 
 class TokenBuckets:
@@ -33,14 +75,195 @@ class TokenBuckets:
     def take(self, key: str, cost: float = 1.0) -> Decision:
         now = self.clock()
         tokens, stamp = self._buckets.pop(key, (float(self.burst), now))
-        tokens = min(float(self.burst), tokens + (now - stamp) * self.rate)
+        # max(): a clock that steps back never mints tokens.
+        tokens = min(float(self.burst), tokens + max(0.0, now - stamp) * self.rate)
         allowed = tokens >= cost
         if allowed:
             tokens -= cost
-        self._buckets[key] = (tokens, now)
+        self._buckets[key] = (tokens, max(now, stamp))
         if len(self._buckets) > self.max_keys:
             self._buckets.popitem(last=False)
-        missing = max(0.0, cost - tokens)
-        retry_ms = 0 if allowed else math.ceil(missing / self.rate * 1000)
-        reset_ms = math.ceil((self.burst - tokens) / self.rate * 1000)
-        return Decision(allowed, self.burst, int(tokens), retry_ms, reset_ms)
+        return bucket_decision(Rate(self.rate, self.burst), tokens, allowed, cost)
+
+
+# Backends ------------------------------------------------------------------------------------------------
+class RateLimiter(Protocol):
+    async def take(self, bucket: str, key: str, rate: Rate, cost: float = 1.0) -> Decision:
+        """Take `cost` tokens from `bucket`/`key` (created full), or refuse without taking any."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class Slot(Protocol):
+    async def release(self) -> None:
+        """Give the slot back; calling it again does nothing."""
+        ...
+
+
+class ConcurrencyLimiter(Protocol):
+    async def acquire(self, bucket: str, key: str, limit: int) -> tuple[Decision, Slot | None]:
+        """A slot of `bucket`/`key` when fewer than `limit` are held, else a refusal and None."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class LocalRateLimiter:
+    """In-process buckets: one `TokenBuckets` per (bucket, rate)."""
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic, max_keys: int = 100_000) -> None:
+        self.clock = clock
+        self.max_keys = max_keys
+        self._groups: dict[tuple[str, Rate], TokenBuckets] = {}
+
+    async def take(self, bucket: str, key: str, rate: Rate, cost: float = 1.0) -> Decision:
+        return self.take_now(bucket, key, rate, cost)
+
+    def take_now(self, bucket: str, key: str, rate: Rate, cost: float = 1.0) -> Decision:
+        group = self._groups.get((bucket, rate))
+        if group is None:
+            group = TokenBuckets(rate.per_second, rate.burst, max_keys=self.max_keys, clock=self.clock)
+            self._groups[(bucket, rate)] = group
+        return group.take(key, cost)
+
+    async def close(self) -> None:
+        return None
+
+
+@dataclass
+class _LocalSlot:
+    owner: LocalConcurrencyLimiter
+    name: tuple[str, str]
+    released: bool = False
+
+    async def release(self) -> None:
+        if self.released:
+            return
+        self.released = True
+        held = self.owner.held.get(self.name, 0) - 1
+        if held > 0:
+            self.owner.held[self.name] = held
+        else:
+            self.owner.held.pop(self.name, None)
+
+
+class LocalConcurrencyLimiter:
+    """In-process counters of held slots."""
+
+    def __init__(self) -> None:
+        self.held: dict[tuple[str, str], int] = {}
+
+    async def acquire(self, bucket: str, key: str, limit: int) -> tuple[Decision, Slot | None]:
+        name = (bucket, key)
+        held = self.held.get(name, 0)
+        if held >= limit:
+            return concurrency_decision(limit, held, allowed=False), None
+        self.held[name] = held + 1
+        return concurrency_decision(limit, held + 1, allowed=True), _LocalSlot(self, name)
+
+    async def close(self) -> None:
+        return None
+
+
+def concurrency_decision(limit: int, held: int, *, allowed: bool) -> Decision:
+    # No time frees a slot; Reset and Retry-After carry the advice to look again shortly.
+    return Decision(allowed, limit, limit - held, 0 if allowed else STREAM_RETRY_MS, STREAM_RETRY_MS)
+
+
+# The route-class table ----------------------------------------------------------------------------------
+def _frozen(values: dict[int, Rate] | dict[int, int]) -> Mapping[int, Rate] | Mapping[int, int]:
+    return MappingProxyType(values)
+
+
+@dataclass(frozen=True)
+class RouteLimitTable:
+    """The spec's request limits; where it names no burst, the burst is one stated period's allowance.
+
+    Names are the bucket names (Redis keys carry them). Rate classes 1..6 index the per-class rules.
+    """
+
+    public_read_ip: Rate = Rate(20, 60)
+    relay_events_ip: int = 20
+    quote_ip: Rate = Rate(2, 2)
+    quote_account: Rate = Rate(5, 5)
+    prepare_ip: Rate = Rate(2, 10)
+    x402_ip: Rate = Rate(1, 1)
+    x402_payer: Rate = Rate(6 / 60, 6)
+    private_read_class: Mapping[int, Rate] = field(
+        default_factory=lambda: _frozen(
+            {c: Rate(r, 4 * r) for c, r in {1: 5, 2: 10, 3: 20, 4: 40, 5: 80, 6: 10}.items()}
+        )
+    )
+    stream_class: Mapping[int, int] = field(
+        default_factory=lambda: _frozen({1: 2, 2: 3, 3: 5, 4: 10, 5: 20, 6: 2})
+    )
+    stream_ip: int = 5
+    account_write: Rate = Rate(1, 5)
+    assign_ip: Rate = Rate(10, 10)
+    assign_sender: Rate = Rate(2, 10)
+
+    def rate(self, rule: str, rate_class: int | None = None) -> Rate:
+        value = getattr(self, rule)
+        if isinstance(value, Rate):
+            return value
+        if rate_class is None or rate_class not in value:
+            raise ValueError(f"rule {rule} needs a rate class 1..6, got {rate_class}")
+        return value[rate_class]  # type: ignore[no-any-return]
+
+    def concurrency(self, rule: str, rate_class: int | None = None) -> int:
+        value = getattr(self, rule)
+        if isinstance(value, int):
+            return value
+        if rate_class is None or rate_class not in value:
+            raise ValueError(f"rule {rule} needs a rate class 1..6, got {rate_class}")
+        return value[rate_class]  # type: ignore[no-any-return]
+
+
+class RouteLimiter:
+    """The table applied through a backend; a refusal is `RATE_LIMITED` with `details.scope`."""
+
+    def __init__(self, table: RouteLimitTable, rates: RateLimiter, streams: ConcurrencyLimiter) -> None:
+        self.table = table
+        self.rates = rates
+        self.streams = streams
+
+    def _bucket(self, rule: str, rate_class: int | None) -> str:
+        # Only per-class rules keep a bucket per class; the others ignore the caller's class.
+        per_class = not isinstance(getattr(self.table, rule), Rate | int)
+        return f"{rule}.{rate_class}" if per_class else rule
+
+    async def check(self, rule: str, key: str, scope: str, *, rate_class: int | None = None) -> Decision:
+        decision = await self.rates.take(
+            self._bucket(rule, rate_class), key, self.table.rate(rule, rate_class)
+        )
+        if not decision.allowed:
+            raise refusal(decision, scope, f"too many requests per {scope}")
+        return decision
+
+    async def hold(
+        self, rule: str, key: str, scope: str, *, rate_class: int | None = None
+    ) -> tuple[Decision, Slot]:
+        decision, slot = await self.streams.acquire(
+            self._bucket(rule, rate_class), key, self.table.concurrency(rule, rate_class)
+        )
+        if slot is None:
+            raise refusal(decision, scope, f"too many concurrent streams per {scope}")
+        return decision, slot
+
+    async def close(self) -> None:
+        await self.rates.close()
+        await self.streams.close()
+
+
+def refusal(decision: Decision, scope: str, detail: str) -> ApiError:
+    return ApiError(
+        "RATE_LIMITED",
+        detail=detail,
+        details={"retryAfterMs": max(1, decision.retry_after_ms), "scope": scope},
+        headers={**decision.headers(), "RateLimit-Remaining": "0"},
+    )
+
+
+def local_route_limiter(table: RouteLimitTable | None = None) -> RouteLimiter:
+    return RouteLimiter(table or RouteLimitTable(), LocalRateLimiter(), LocalConcurrencyLimiter())

@@ -249,6 +249,8 @@ def _apply_contract(path: str, operation: dict[str, Any]) -> None:
             continue  # e.g. readiness answers 503 with a Health document
         responses[str(status)] = _problem_response(status, codes)
 
+    if contract.cached:
+        _add_revalidation(operation, responses)
     for status, response in responses.items():
         headers = response.setdefault("headers", {})
         headers.setdefault(REQUEST_ID_HEADER, _header_ref("RelayRequestId"))
@@ -262,6 +264,29 @@ def _apply_contract(path: str, operation: dict[str, Any]) -> None:
             headers["Cache-Control"] = _header_ref("CacheControl")
             headers["ETag"] = _header_ref("ETag")
     operation["responses"] = dict(sorted(responses.items()))
+
+
+def _add_revalidation(operation: dict[str, Any], responses: dict[str, Any]) -> None:
+    """A cached read answers `304 Not Modified` (no body, same validators) when `If-None-Match` matches."""
+    parameters = operation.setdefault("parameters", [])
+    if not any(p.get("in") == "header" and p.get("name", "").lower() == "if-none-match" for p in parameters):
+        parameters.append(
+            {
+                "name": "If-None-Match",
+                "in": "header",
+                "required": False,
+                "description": "ETag(s) the client holds; a match answers 304 without a body.",
+                "schema": {"type": "string"},
+            }
+        )
+    responses["304"] = {
+        "description": "Not Modified: the representation the client holds (`If-None-Match`) is current.",
+        "headers": {
+            REQUEST_ID_HEADER: _header_ref("RelayRequestId"),
+            "Cache-Control": _header_ref("CacheControl"),
+            "ETag": _header_ref("ETag"),
+        },
+    }
 
 
 def _tidy_parameters(operation: dict[str, Any]) -> None:

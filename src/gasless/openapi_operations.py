@@ -194,7 +194,8 @@ OPERATIONS: dict[str, OperationContract] = {
             429: ("RATE_LIMITED",),
             500: ("INTERNAL",),
             503: _STARTING,
-        }
+        },
+        cached=True,
     ),
 }
 

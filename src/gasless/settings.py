@@ -91,6 +91,8 @@ class Settings(BaseSettings):
     gateway_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
     database_url: str = ""
     redis_url: str | None = None
+    # Prefix of this deployment's Redis keys (several deployments may share one Redis).
+    redis_prefix: str = Field(default="gasless", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     data_dir: Path = Path("var")
 
     api_host: str = "127.0.0.1"

@@ -168,10 +168,13 @@ def test_real_answers_conform_to_the_document(
     env.wait_state(tx_hash, ("FINALIZED",))
 
     for ident in (tx_hash, intent_id):
-        assert (
-            call("/v1/relay/{id}", "GET", (200,), path_parameters={"id": ident}).json()["state"]
-            == "FINALIZED"
+        read = call("/v1/relay/{id}", "GET", (200,), path_parameters={"id": ident})
+        assert read.json()["state"] == "FINALIZED"
+        etag = read.headers["etag"][0]  # schemathesis: lower-case names, lists of values
+        revalidated = call(
+            "/v1/relay/{id}", "GET", (304,), path_parameters={"id": ident}, headers={"If-None-Match": etag}
         )
+        assert revalidated.content == b"" and revalidated.headers["etag"] == [etag]
     call(
         "/v1/intents/{sender}/{nonce}", "GET", (200,), path_parameters={"sender": sender.address, "nonce": 0}
     )
@@ -180,6 +183,7 @@ def test_real_answers_conform_to_the_document(
     assert b"event: intent" in stream.content and b'"state":"FINALIZED"' in stream.content
     for path in ("/healthz", "/readyz", "/openapi.json", "/v1/network"):
         call(path, "GET", (200,))
+    call("/v1/account/{erd}/senders", "GET", (200,), path_parameters={"erd": sender.address})
 
     # Errors on real data: a lease of another sender, a stale proof, an unknown slot.
     other = env.new_sender(1)

@@ -4,6 +4,8 @@
 - A dropped connection (or a stream that ends early without a final event) is resumed with
   `Last-Event-ID`, so nothing is seen twice; after `max_reconnects` failures in a row the client polls.
 - The server closes the stream after its lifetime (120 000 ms); then the client polls, as the spec says.
+- A stream refused with `RATE_LIMITED` (too many streams from this IP) is not retried: the client polls,
+  and a poll refused with `RATE_LIMITED` waits as asked and reads again.
 - Iteration stops after the first intent with `final: true` (`FINALIZED`, `DEAD`, `REJECTED`).
 """
 
@@ -120,6 +122,8 @@ async def follow_intent(
                     if is_final(intent):
                         return
         except RelayProblem as problem:
+            if problem.code == "RATE_LIMITED":
+                break  # too many streams from this IP: polling is limited separately
             if problem.status < 500 and problem.code != "HTTP_ERROR":
                 raise  # NOT_FOUND, MALFORMED_REQUEST: polling would not help either
             failures += 1
@@ -140,6 +144,9 @@ async def follow_intent(
         try:
             intent = await client.intent(ident)
         except RelayProblem as problem:
+            if problem.code == "RATE_LIMITED":  # wait as asked, then read again
+                await asyncio.sleep(min(max(problem.retry_after_s or 1.0, poll_interval_s), remaining()))
+                continue
             if problem.status < 500 and problem.code != "HTTP_ERROR":
                 raise
             intent = None

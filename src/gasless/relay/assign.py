@@ -17,7 +17,7 @@ from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubk
 from gasless.chain.codec import signing_bytes, tx_hash, verify_ed25519
 from gasless.chain.network import NetworkView
 from gasless.errors import ApiError
-from gasless.limits import TokenBuckets
+from gasless.limits import Decision, RouteLimiter, local_route_limiter
 from gasless.relay.checks import parse_transaction, presence_message
 from gasless.relay.leases import LeaseCodec, LeaseKind
 from gasless.relay.relayers import RelayerInfo, RelayerPool
@@ -42,6 +42,7 @@ class AssignService:
         native_auth: NativeAuthVerifier | None,
         max_clock_offset_ms: int = MAX_CLOCK_OFFSET_MS,
         clock: Callable[[], float] = time.time,
+        limits: RouteLimiter | None = None,
     ) -> None:
         self.chain_id = chain_id
         self.network = network
@@ -52,8 +53,8 @@ class AssignService:
         self.native_auth = native_auth
         self.max_clock_offset_ms = max_clock_offset_ms
         self.clock = clock
-        self.per_ip = TokenBuckets(10, 10)
-        self.per_sender = TokenBuckets(2, 10)
+        # The per-IP limit is the route's; the per-sender one needs the proven sender, so it is applied here.
+        self.limits = limits if limits is not None else local_route_limiter()
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -62,7 +63,14 @@ class AssignService:
         offset = self.network.clock_offset_ms()
         return offset is not None and abs(offset) <= self.max_clock_offset_ms
 
-    async def assign(self, request: AssignRequest, *, bearer: str | None, client_ip: str) -> Assignment:
+    async def assign(
+        self,
+        request: AssignRequest,
+        *,
+        bearer: str | None,
+        report: Callable[[Decision], None] | None = None,
+    ) -> Assignment:
+        """`report` receives the per-sender limit's decision (for the response's RateLimit-* headers)."""
         now = self.now_ms()
         try:
             sender_address = parse_address(request.sender)
@@ -71,9 +79,10 @@ class AssignService:
                 "MALFORMED_REQUEST", detail="sender is not a valid erd1 address", details={"field": "sender"}
             ) from None
         sender = sender_address.to_bech32()
-        self._limit(self.per_ip, client_ip, "ip")
         self._prove_presence(request, sender, bearer, now)
-        self._limit(self.per_sender, sender, "sender")
+        decision = await self.limits.check("assign_sender", sender, "sender")
+        if report is not None:
+            report(decision)
         if not self.clock_synchronised():
             raise ApiError(
                 "UPSTREAM_UNAVAILABLE",
@@ -136,21 +145,6 @@ class AssignService:
     @staticmethod
     def _invalid(detail: str, now: int) -> ApiError:
         return ApiError("ASSIGN_PROOF_INVALID", detail=detail, details={"serverTimeMs": now})
-
-    @staticmethod
-    def _limit(buckets: TokenBuckets, key: str, scope: str) -> None:
-        decision = buckets.take(key)
-        if not decision.allowed:
-            raise ApiError(
-                "RATE_LIMITED",
-                detail=f"too many assignments per {scope}",
-                details={"retryAfterMs": max(1, decision.retry_after_ms), "scope": scope},
-                headers={
-                    "RateLimit-Limit": str(decision.limit),
-                    "RateLimit-Remaining": "0",
-                    "RateLimit-Reset": str(max(1, -(-decision.reset_ms // 1000))),
-                },
-            )
 
     # Leases -----------------------------------------------------------------------------------------
     def _choose(self, pubkey: bytes, shard: int) -> RelayerInfo:

@@ -15,6 +15,7 @@ from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
+from gasless.http_cache import NETWORK_CACHE, cached_json, intent_cache_control
 from gasless.relay.checks import MAX_BODY_BYTES
 from gasless.relay.intents import TERMINAL, intent_from_row, rejected_intent
 from gasless.relay.schemas import (
@@ -29,6 +30,7 @@ from gasless.relay.schemas import (
     ValidateRequest,
     ValidateResponse,
 )
+from gasless.route_limits import ASSIGN_IP, PUBLIC_READ, QUOTE, RELAY_EVENTS, record
 
 STREAM_LIFETIME_MS = 120_000
 STREAM_POLL_S = 0.5  # re-read the row this often: changes made on the other host reach the stream too
@@ -83,14 +85,16 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     "/v1/relay/assign",
     operation_id="assignRelayer",
     response_model=Assignment,
+    dependencies=[ASSIGN_IP],
     summary="A relayer of the sender's shard and a lease, just before the user signs",
 )
 async def assign(
     request: Request, body: AssignRequest, authorization: Annotated[str | None, Header()] = None
 ) -> Assignment:
     host = _host(request)
-    client_ip = request.client.host if request.client else "unknown"
-    return await host.assign.assign(body, bearer=_bearer(authorization), client_ip=client_ip)
+    return await host.assign.assign(
+        body, bearer=_bearer(authorization), report=lambda decision: record(request, decision)
+    )
 
 
 @router.post(
@@ -169,33 +173,47 @@ async def _intent_for_slot(request: Request, sender: str, nonce: int) -> Intent:
     raise ApiError("NOT_FOUND", detail=f"no intent {sender}:{nonce}")
 
 
-@router.get("/v1/relay/{id}", operation_id="getRelayStatus", response_model=Intent)
-async def get_relay(request: Request, id: Annotated[str, Path(max_length=200)]) -> Intent:
-    return await _intent_for(request, id)
+def _cached_intent(request: Request, intent: Intent) -> Response:
+    return cached_json(request, intent, cache_control=intent_cache_control(intent.state))
 
 
-@router.get("/v1/intents/{sender}/{nonce}", operation_id="getIntent", response_model=Intent)
+@router.get(
+    "/v1/relay/{id}", operation_id="getRelayStatus", response_model=Intent, dependencies=[PUBLIC_READ]
+)
+async def get_relay(request: Request, id: Annotated[str, Path(max_length=200)]) -> Response:
+    return _cached_intent(request, await _intent_for(request, id))
+
+
+@router.get(
+    "/v1/intents/{sender}/{nonce}",
+    operation_id="getIntent",
+    response_model=Intent,
+    dependencies=[PUBLIC_READ],
+)
 async def get_intent(
     request: Request,
     sender: Annotated[str, Path(max_length=100)],
     nonce: Annotated[int, Path(ge=0, le=2**63 - 1)],
-) -> Intent:
-    return await _intent_for_slot(request, sender, nonce)
+) -> Response:
+    return _cached_intent(request, await _intent_for_slot(request, sender, nonce))
 
 
-@router.get("/v1/tx/{hash}", operation_id="getIntentByTxHash", response_model=Intent)
-async def get_tx(request: Request, hash: Annotated[str, Path(max_length=200)]) -> Intent:
+@router.get(
+    "/v1/tx/{hash}", operation_id="getIntentByTxHash", response_model=Intent, dependencies=[PUBLIC_READ]
+)
+async def get_tx(request: Request, hash: Annotated[str, Path(max_length=200)]) -> Response:
     if not _HASH.fullmatch(hash):
         raise ApiError(
             "MALFORMED_REQUEST", detail="hash is 64 hexadecimal characters", details={"field": "hash"}
         )
-    return await _intent_for(request, hash)
+    return _cached_intent(request, await _intent_for(request, hash))
 
 
 @router.get(
     "/v1/relay/{id}/events",
     operation_id="streamRelayEvents",
     response_class=EventSourceResponse,
+    dependencies=[RELAY_EVENTS],
     responses={200: {"content": {"text/event-stream": {"schema": {"$ref": "#/components/schemas/Intent"}}}}},
 )
 async def relay_events(
@@ -248,7 +266,7 @@ async def _seq_of(host: Any, intent: Intent) -> int:
     return int(row.seq) if row is not None else 1
 
 
-@router.post("/v1/quote", operation_id="quoteRelay", response_model=RelayQuote)
+@router.post("/v1/quote", operation_id="quoteRelay", response_model=RelayQuote, dependencies=[QUOTE])
 async def quote(request: Request, body: QuoteRelayRequest) -> RelayQuote:
     return await _host(request).quotes.quote(body.tx)
 
@@ -257,6 +275,7 @@ async def quote(request: Request, body: QuoteRelayRequest) -> RelayQuote:
     "/v1/validate",
     operation_id="validateTransaction",
     response_model=ValidateResponse,
+    dependencies=[QUOTE],
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -273,8 +292,14 @@ async def validate(request: Request) -> ValidateResponse:
 EXTRA_SCHEMAS = (RelayRequest, ValidateRequest)
 
 
-@router.get("/v1/network", operation_id="getNetwork", tags=["meta"], response_model=Network)
-async def network(request: Request, response: Response) -> dict[str, Any]:
+@router.get(
+    "/v1/network",
+    operation_id="getNetwork",
+    tags=["meta"],
+    response_model=Network,
+    dependencies=[PUBLIC_READ],
+)
+async def network(request: Request) -> Response:
     """The network this host serves, with a recent shard-1 block for building native-auth tokens."""
     host = _host(request)
     view = host.network
@@ -287,8 +312,7 @@ async def network(request: Request, response: Response) -> dict[str, Any]:
     params = view.params
     latest = view.blocks.latest()
     settings = host.settings
-    response.headers["Cache-Control"] = "public, max-age=1"
-    return {
+    document = {
         "chainId": params.chain_id,
         "env": settings.key_env,
         "network": settings.profile,
@@ -308,3 +332,4 @@ async def network(request: Request, response: Response) -> dict[str, Any]:
             "maxTtlSeconds": 86_400,
         },
     }
+    return cached_json(request, document, cache_control=NETWORK_CACHE)

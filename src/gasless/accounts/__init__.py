@@ -1,0 +1,1 @@
+"""Account mirrors: public reads of what the billing contract holds for an account."""

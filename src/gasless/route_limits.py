@@ -1,0 +1,192 @@
+"""Route-class limits as one-line FastAPI dependencies, and the middleware that writes `RateLimit-*`.
+
+    @router.get(..., dependencies=[PUBLIC_READ])             # 20 req/s, burst 60 per IP
+    @router.post(..., dependencies=[account_rate("account_write", caller=AuthenticatedCaller)])
+
+A dependency records its decision on `request.state`; `RateLimitHeadersMiddleware` writes the most
+restrictive decision of the request as `RateLimit-Limit`, `RateLimit-Remaining` and `RateLimit-Reset` on
+whatever response the route produced (a model, a `Response`, a stream, a problem). A refusal is the
+`RATE_LIMITED` ApiError, carrying the same headers plus `Retry-After`.
+
+Client IP is `request.client.host`: behind a proxy, uvicorn's `--forwarded-allow-ips` (or
+`FORWARDED_ALLOW_IPS`) must name the proxy so that this is the caller's address, not the proxy's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gasless.auth.native_auth import NativeAuthError
+from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
+from gasless.limits import Decision, RouteLimiter
+
+STATE_KEY = "rate_limit"
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who an authenticated request acts for: the account and its rate class (1..6) when known."""
+
+    account: str
+    rate_class: int | None = None
+
+
+def client_key(request: Request) -> str:
+    """The caller's IP as a bucket key; an IPv6 caller is keyed by its /64 (one host's usual allocation)."""
+    host = request.client.host if request.client else "unknown"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+def record(request: Request, decision: Decision) -> None:
+    """Keep the decision closest to refusing (the one a client should pace itself by)."""
+    current: Decision | None = request.scope.setdefault("state", {}).get(STATE_KEY)
+    if current is None or (decision.remaining, -decision.reset_ms) < (current.remaining, -current.reset_ms):
+        request.scope["state"][STATE_KEY] = decision
+
+
+def limiter_of(request: Request) -> RouteLimiter:
+    return request.app.state.host.limits  # type: ignore[no-any-return]
+
+
+async def enforce(
+    request: Request, rule: str, key: str, scope: str, *, rate_class: int | None = None
+) -> None:
+    """Apply `rule` to `key` inside a route or service call (e.g. x402's per-payer limit)."""
+    record(request, await limiter_of(request).check(rule, key, scope, rate_class=rate_class))
+
+
+def ip_rate(rule: str) -> Any:
+    """A token-bucket rule of the table keyed by client IP."""
+
+    async def limit_by_ip(request: Request) -> None:
+        await enforce(request, rule, client_key(request), "ip")
+
+    return Depends(limit_by_ip)
+
+
+def account_rate(rule: str, caller: Callable[..., Awaitable[Caller]]) -> Any:
+    """A token-bucket rule keyed by the authenticated account (`caller` is the auth dependency); per-class
+    rules use the caller's rate class."""
+
+    async def limit_by_account(request: Request, who: Annotated[Caller, Depends(caller)]) -> None:
+        await enforce(request, rule, who.account, "account", rate_class=who.rate_class)
+
+    return Depends(limit_by_account)
+
+
+def ip_streams(rule: str) -> Any:
+    """A concurrency rule keyed by client IP: the slot is held until the response (stream) has ended."""
+
+    async def hold_by_ip(request: Request) -> AsyncIterator[None]:
+        decision, slot = await limiter_of(request).hold(rule, client_key(request), "ip")
+        record(request, decision)
+        try:
+            yield
+        finally:
+            await slot.release()
+
+    return Depends(hold_by_ip)
+
+
+def account_streams(caller: Callable[..., Awaitable[Caller]]) -> Any:
+    """`GET /v1/stream`: concurrent streams per account by rate class, and per IP."""
+
+    async def hold_by_account(
+        request: Request, who: Annotated[Caller, Depends(caller)]
+    ) -> AsyncIterator[None]:
+        limiter = limiter_of(request)
+        by_ip, ip_slot = await limiter.hold("stream_ip", client_key(request), "ip")
+        try:
+            by_account, account_slot = await limiter.hold(
+                "stream_class", who.account, "account", rate_class=who.rate_class
+            )
+        except BaseException:
+            await ip_slot.release()
+            raise
+        record(request, by_ip)
+        record(request, by_account)
+        try:
+            yield
+        finally:
+            await account_slot.release()
+            await ip_slot.release()
+
+    return Depends(hold_by_account)
+
+
+async def _quote_account(request: Request) -> str | None:
+    """The paying account behind a verified native-auth bearer, else None (the caller counts as anonymous:
+    these routes are public, so a token that does not verify is ignored rather than refused)."""
+    authorization = request.headers.get("authorization") or ""
+    if not authorization.lower().startswith("bearer "):
+        return None
+    host = request.app.state.host
+    if host.native_auth is None or host.mirror is None:
+        return None
+    try:
+        identity = host.native_auth.verify(authorization[7:].strip())
+        paying = await host.mirror.paying_account(identity.address)
+    except (NativeAuthError, GatewayUnavailable, GatewayRejected):
+        return None
+    # Only an account on the contract (or one of its authorised senders) earns the account allowance:
+    # anyone can mint native-auth tokens for fresh keys.
+    return str(paying[0]) if paying is not None else None
+
+
+async def limit_quote(request: Request) -> None:
+    """`POST /v1/quote` and `/v1/validate`: 5 req/s per account with a verified token, else 2 req/s per IP."""
+    account = await _quote_account(request)
+    if account is not None:
+        await enforce(request, "quote_account", account, "account")
+    else:
+        await enforce(request, "quote_ip", client_key(request), "ip")
+
+
+# The route classes wired today (the others are built with the factories above when their routes exist).
+PUBLIC_READ = ip_rate("public_read_ip")
+QUOTE = Depends(limit_quote)
+PREPARE = ip_rate("prepare_ip")
+X402_PURCHASE_IP = ip_rate("x402_ip")
+ASSIGN_IP = ip_rate("assign_ip")
+RELAY_EVENTS = ip_streams("relay_events_ip")
+
+
+class RateLimitHeadersMiddleware:
+    """Pure ASGI: adds the recorded decision's `RateLimit-*` headers to the response start (headers an
+    error already carries are kept)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                decision: Decision | None = state.get(STATE_KEY)
+                if decision is not None:
+                    headers = MutableHeaders(scope=message)
+                    for name, value in decision.headers().items():
+                        if name not in headers:
+                            headers[name] = value
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
