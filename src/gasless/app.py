@@ -24,8 +24,10 @@ from gasless.chain.gateway import GatewayClient
 from gasless.chain.network import NetworkView
 from gasless.crypto import PurposeKeys
 from gasless.db import create_engine, ping, upgrade
+from gasless.db.leader import SingletonRunner
 from gasless.errors import ApiError
 from gasless.logs import quiet_sdk_loggers
+from gasless.metrics import HostCollector, HostMetrics, MeteredIntentBus, MetricsMiddleware
 from gasless.problems import RequestIdMiddleware, install_problem_handlers
 from gasless.relay import routes as relay_routes
 from gasless.relay.assign import AssignService
@@ -33,6 +35,7 @@ from gasless.relay.entitlement import ContractEntitlement, ContractMirror, Entit
 from gasless.relay.events import IntentBus
 from gasless.relay.jobs import Broadcaster, Retention, Tracker
 from gasless.relay.leases import LeaseCodec
+from gasless.relay.ownership import RECOVERY_ROLE, HostIntents, OrphanAdopter
 from gasless.relay.quote import QuoteService
 from gasless.relay.relayers import RelayerPool
 from gasless.relay.repository import IntentRepository
@@ -53,6 +56,8 @@ class Health(BaseModel):
     chainId: str
     bootEpochMs: int
     checks: dict[str, str] = {}
+    # Singleton roles and whether this host runs them now (readiness only): "leader" or "standby".
+    singletons: dict[str, str] = {}
 
 
 @dataclass
@@ -61,6 +66,7 @@ class HostState:
 
     settings: Settings
     boot_epoch_ms: int
+    metrics: HostMetrics = field(default_factory=HostMetrics)
     engine: AsyncEngine | None = None
     http: aiohttp.ClientSession | None = None
     redis: Redis | None = None
@@ -76,6 +82,7 @@ class HostState:
     tracker: Tracker | None = None
     broadcaster: Broadcaster | None = None
     retention: Retention | None = None
+    singletons: SingletonRunner | None = None
     relay_service: RelayService | None = None
     assign_service: AssignService | None = None
     quote_service: QuoteService | None = None
@@ -176,9 +183,11 @@ async def _start_relay_core(
     keys = purpose_keys(settings)
     leases = LeaseCodec(keys)
     repo = IntentRepository(state.engine)
-    bus = IntentBus()
+    bus: IntentBus = MeteredIntentBus(state.metrics)
     broadcaster = Broadcaster(gateway, repo, bus)
-    tracker = Tracker(gateway, network, repo, bus, broadcaster)
+    # The tracker follows this host's intents (and adopted ones while it leads recovery).
+    tracked = HostIntents(state.engine, settings.host_id)
+    tracker = Tracker(gateway, network, tracked, bus, broadcaster)
     mirror = ContractMirror(gateway, settings.network.contract_address)
     entitlement: Entitlement = (
         entitlement_factory(mirror)
@@ -224,9 +233,19 @@ async def _start_relay_core(
     state.repo, state.bus, state.broadcaster, state.tracker = repo, bus, broadcaster, tracker
     recovered = await tracker.recover()
     await tracker.start()
+    singletons = SingletonRunner(
+        settings.effective_database_url,
+        host_id=settings.host_id,
+        scope=f"{settings.key_env}:{settings.network.chain_id}",
+        on_change=lambda role, leads: log.info(
+            "singleton leadership", role=role, leads=leads, host_id=settings.host_id
+        ),
+    )
     retention = Retention(repo)
-    await retention.start()
-    state.retention = retention
+    singletons.add("retention", retention)
+    singletons.add(RECOVERY_ROLE, OrphanAdopter(tracked, singletons))
+    await singletons.start()
+    state.retention, state.singletons = retention, singletons
     state.relay_service, state.assign_service = relay, assign
     state.quote_service = QuoteService(network, mirror)
     state.startup_error = None
@@ -235,7 +254,7 @@ async def _start_relay_core(
 
 
 async def _stop_relay_core(state: HostState) -> None:
-    for part in (state.retention, state.tracker, state.relayers, state.signer, state.network):
+    for part in (state.singletons, state.tracker, state.relayers, state.signer, state.network):
         if part is not None:
             with contextlib.suppress(Exception):
                 await part.stop()
@@ -255,8 +274,10 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Everything started from here (workers included) logs with this host's id.
+        structlog.contextvars.bind_contextvars(host_id=settings.host_id)
         state.engine = create_engine(settings.effective_database_url)
-        state.http = aiohttp.ClientSession()
+        state.http = aiohttp.ClientSession(trace_configs=[state.metrics.gateway_trace()])
         if settings.redis_url:
             state.redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=2)
         startup: asyncio.Task[None] | None = None
@@ -286,12 +307,21 @@ def create_app(
         redoc_url=None,
     )
     app.state.host = state
+    state.metrics.registry.register(HostCollector(lambda: _gauges(state)))
+    # Inside the request-id middleware, so the access log line carries the request id.
+    app.add_middleware(
+        MetricsMiddleware, metrics=state.metrics, host_id=settings.host_id, access_log=settings.access_log
+    )
     app.add_middleware(RequestIdMiddleware)
     install_problem_handlers(app, settings.docs_url)
     app.include_router(relay_routes.router)
     _register_extra_schemas(app)
 
-    def health(status: Literal["ok", "starting", "unavailable"], checks: dict[str, str]) -> Health:
+    def health(
+        status: Literal["ok", "starting", "unavailable"],
+        checks: dict[str, str],
+        singletons: dict[str, str] | None = None,
+    ) -> Health:
         return Health(
             status=status,
             hostId=settings.host_id,
@@ -300,6 +330,7 @@ def create_app(
             chainId=settings.network.chain_id,
             bootEpochMs=state.boot_epoch_ms,
             checks=checks,
+            singletons=singletons or {},
         )
 
     @app.get("/healthz", operation_id="getHealth", response_model=Health, tags=["meta"])
@@ -334,9 +365,23 @@ def create_app(
         ready = all(v == "ok" for v in checks.values())
         if not ready:
             response.status_code = 503
-        return health("ok" if ready else ("starting" if not state.restored else "unavailable"), checks)
+        leadership = state.singletons.leadership() if state.singletons is not None else {}
+        return health(
+            "ok" if ready else ("starting" if not state.restored else "unavailable"),
+            checks,
+            {role: "leader" if leads else "standby" for role, leads in leadership.items()},
+        )
 
     return app
+
+
+def _gauges(state: HostState) -> dict[str, Any]:
+    return {
+        "pending_sends": len(state.broadcaster.sending) if state.broadcaster is not None else 0,
+        "tracked": state.tracker.tracked if state.tracker is not None else 0,
+        "leader": state.singletons.leadership() if state.singletons is not None else {},
+        "ready": 1 if state.restored else 0,
+    }
 
 
 def _register_extra_schemas(app: FastAPI) -> None:
