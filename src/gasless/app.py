@@ -88,6 +88,19 @@ class HostState:
     quote_service: QuoteService | None = None
     startup_error: str | None = None
 
+    # Account-stream event ids (spec "Account stream" 3-4): `<hostId>.<bootEpochMs>.<seq>`. Only ids this
+    # very process issued resume; another host's, or one from before a restart, starts with `reset`.
+    def stream_event_id(self, seq: int) -> str:
+        return f"{self.settings.host_id}.{self.boot_epoch_ms}.{seq}"
+
+    def resumable_seq(self, last_event_id: str | None) -> int | None:
+        """The `seq` of a Last-Event-ID issued by this process, else None (the stream sends `reset`)."""
+        host, _, rest = (last_event_id or "").partition(".")
+        boot, _, seq = rest.partition(".")
+        if host != self.settings.host_id or boot != str(self.boot_epoch_ms) or not seq.isdigit():
+            return None
+        return int(seq)
+
     def _require(self, value: Any) -> Any:
         if value is None or not self.restored:
             raise ApiError(
@@ -150,6 +163,7 @@ async def _start_relay_core(
     gateway = GatewayClient(
         state.http, settings.effective_gateway_urls, timeout_ms=settings.gateway_timeout_ms
     )
+    gateway.on_failure = state.metrics.gateway_failed
     network = NetworkView(gateway)
     while True:
         try:
@@ -277,7 +291,7 @@ def create_app(
         # Everything started from here (workers included) logs with this host's id.
         structlog.contextvars.bind_contextvars(host_id=settings.host_id)
         state.engine = create_engine(settings.effective_database_url)
-        state.http = aiohttp.ClientSession(trace_configs=[state.metrics.gateway_trace()])
+        state.http = aiohttp.ClientSession()
         if settings.redis_url:
             state.redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=2)
         startup: asyncio.Task[None] | None = None

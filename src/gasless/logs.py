@@ -54,7 +54,9 @@ _KEY_WORDS = r"(?:relayer|guardian)?signature|lease|token|secret|password|author
 _VALUE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # `name=value`, `"name": "value"` inside free text (a repr of a dict, a query string, an error).
     (
-        re.compile(rf"""(?i)(["']?\b(?:{_KEY_WORDS})["']?\s*[:=]\s*["']?)([^"'\s,;&}}\]]+)"""),
+        re.compile(
+            rf"""(?i)(["']?\b(?:{_KEY_WORDS})["']?\s*[:=]\s*["']?)((?:bearer|basic)\s+)?([^"'\s,;&}}\]]+)"""
+        ),
         rf"\1{MASK}",
     ),
     # Credentials after an auth scheme.

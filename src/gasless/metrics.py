@@ -2,7 +2,7 @@
 
 - request latency per route template and status class (a pure-ASGI middleware; also the access log);
 - relay stage timings, observed when a stage's closing transition is published on the intent bus;
-- gateway errors by gateway and kind (an aiohttp trace on the host's client session);
+- gateway failures by gateway and kind (the gateway client reports each answer that is not the node's);
 - queue depths and singleton leadership, read from the host at scrape time.
 """
 
@@ -12,9 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
-import aiohttp
 import structlog
 from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_app
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -59,7 +57,7 @@ class HostMetrics:
         )
         self.gateway_errors = Counter(
             "gasless_gateway_errors",
-            "Gateway requests that failed, by gateway and kind (timeout, connection, http_5xx, throttled).",
+            "Gateway requests without a node's answer, by gateway and kind.",
             ("gateway", "kind"),
             registry=self.registry,
         )
@@ -88,37 +86,10 @@ class HostMetrics:
             return
         self.stages.labels(stage).observe(max(0, int(end_ms) - int(start_ms)) / 1000)
 
-    # Gateway errors ---------------------------------------------------------------------------------
-    def gateway_trace(self) -> aiohttp.TraceConfig:
-        """Counts failed gateway requests by kind; attach to the client session the gateway client uses."""
-        trace = aiohttp.TraceConfig()
-
-        async def on_end(_: Any, __: Any, params: aiohttp.TraceRequestEndParams) -> None:
-            status = params.response.status
-            if status >= 500:
-                self.gateway_errors.labels(_origin(params.url), "http_5xx").inc()
-            elif status in (408, 425, 429):
-                self.gateway_errors.labels(_origin(params.url), "throttled").inc()
-
-        async def on_exception(_: Any, __: Any, params: aiohttp.TraceRequestExceptionParams) -> None:
-            self.gateway_errors.labels(_origin(params.url), _error_kind(params.exception)).inc()
-
-        trace.on_request_end.append(on_end)
-        trace.on_request_exception.append(on_exception)
-        return trace
-
-
-def _origin(url: Any) -> str:
-    parts = urlsplit(str(url))
-    return f"{parts.scheme}://{parts.netloc}"
-
-
-def _error_kind(exc: BaseException) -> str:
-    if isinstance(exc, (TimeoutError, aiohttp.ServerTimeoutError)):
-        return "timeout"
-    if isinstance(exc, (aiohttp.ClientConnectionError, OSError)):
-        return "connection"
-    return "client_error"
+    def gateway_failed(self, url: str, kind: str) -> None:
+        """GatewayClient.on_failure: an answer that was not the node speaking (timeout, connection,
+        http_5xx, throttled, bad_answer). A node's verdict (`transaction not found`) is not an error."""
+        self.gateway_errors.labels(url, kind).inc()
 
 
 class MeteredIntentBus(IntentBus):
