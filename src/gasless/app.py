@@ -148,6 +148,10 @@ def purpose_keys(settings: Settings) -> PurposeKeys:
     secret = settings.master_secret.get_secret_value() if settings.master_secret is not None else None
     if secret is None:
         # localnet without a configured secret: leases live as long as the process.
+        if not settings.effective_database_url.startswith("sqlite"):
+            log.warning(
+                "no master secret: another host will refuse this host's leases", host_id=settings.host_id
+            )
         secret = secrets.token_urlsafe(48)
     return PurposeKeys(secret.encode(), settings.key_env, settings.network.chain_id)
 

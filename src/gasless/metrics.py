@@ -136,8 +136,8 @@ class HostCollector(Collector):
         yield leader
         yield GaugeMetricFamily(
             "gasless_host_ready",
-            "1 while /readyz would answer 200 for its restore step.",
-            value=values["ready"],
+            "1 once the host restored its state (the restore check is ok).",
+            value=values.get("ready", 0),
         )
 
     def describe(self) -> Iterator[Metric]:
