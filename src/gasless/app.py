@@ -255,9 +255,6 @@ async def _start_relay_core(
         settings.effective_database_url,
         host_id=settings.host_id,
         scope=f"{settings.key_env}:{settings.network.chain_id}",
-        on_change=lambda role, leads: log.info(
-            "singleton leadership", role=role, leads=leads, host_id=settings.host_id
-        ),
     )
     retention = Retention(repo)
     singletons.add("retention", retention)
