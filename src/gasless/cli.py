@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -21,6 +22,17 @@ app = typer.Typer(
 console = Console(stderr=True)
 
 app.add_typer(relay_app, name="relay")
+
+
+def run_service(main: Coroutine[Any, Any, None]) -> None:
+    """Long-running servers run on uvloop (uvicorn's standard loop) where it exists."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is not built for every platform
+        asyncio.run(main)
+        return
+    uvloop.run(main)
+
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="Where wallets, the database and secrets live.")]
 
@@ -117,7 +129,7 @@ def up(
     secret = os.environ.get("GASLESS_MASTER_SECRET") or local_master_secret(data_dir)
     configure_logging(json_lines=False, level="WARNING", secrets=[secret])
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run_embedded(options, on_ready=_print_embedded))
+        run_service(run_embedded(options, on_ready=_print_embedded))
 
 
 @app.command()
@@ -151,7 +163,7 @@ def localnet(
         await stop.wait()
         await net.stop()
 
-    asyncio.run(main())
+    run_service(main())
 
 
 @app.command()
@@ -187,7 +199,7 @@ def serve(
     configure_logging(
         json_lines=True, level=settings.log_level, secrets=[settings.master_secret.get_secret_value()]
     )
-    asyncio.run(serve_api(settings, log_level=settings.log_level.lower()))
+    run_service(serve_api(settings, log_level=settings.log_level.lower()))
 
 
 @app.command()

@@ -13,9 +13,9 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
-from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gasless.errors import PROBLEM_MEDIA_TYPE, ApiError, problem_document
 
@@ -35,18 +35,34 @@ def request_id_of(request: Request) -> str:
     return str(rid)
 
 
-class RequestIdMiddleware(BaseHTTPMiddleware):
-    """Every request gets an id: the problem `instance`, the `Relay-Request-Id` header, the log context."""
+class RequestIdMiddleware:
+    """Every request gets an id: the problem `instance`, the `Relay-Request-Id` header, the log context.
 
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        rid = request_id_of(request)
+    Pure ASGI (no BaseHTTPMiddleware): it sits on the hot path, and a task group per request costs more
+    than the relay checks themselves.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        state = scope.setdefault("state", {})
+        rid = state.get("request_id") or new_request_id()
+        state["request_id"] = rid
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = rid
+            await send(message)
+
         structlog.contextvars.bind_contextvars(request_id=rid)
         try:
-            response = await call_next(request)
+            await self.app(scope, receive, send_with_id)
         finally:
             structlog.contextvars.unbind_contextvars("request_id")
-        response.headers[REQUEST_ID_HEADER] = rid
-        return response
 
 
 def problem_response(request: Request, error: ApiError, docs_url: str) -> JSONResponse:

@@ -8,6 +8,7 @@ the contract's free operations are relayed free. Everything else is `402 NO_ENTI
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import time
@@ -46,17 +47,49 @@ class Entitlement(Protocol):
 
 
 class _Cached:
+    """Per-key values with a time to live; concurrent misses of one key share a single load."""
+
     def __init__(self, ttl_ms: int) -> None:
         self.ttl_ms = ttl_ms
         self._values: dict[Any, tuple[float, Any]] = {}
+        self._loading: dict[Any, asyncio.Future[Any]] = {}
 
-    async def get(self, key: Any, load: Callable[[], Awaitable[Any]], ttl_ms: int | None = None) -> Any:
+    async def get(
+        self,
+        key: Any,
+        load: Callable[[], Awaitable[Any]],
+        ttl_ms: int | Callable[[Any], int] | None = None,
+    ) -> Any:
         now = time.monotonic() * 1000
         hit = self._values.get(key)
         if hit is not None and hit[0] > now:
             return hit[1]
-        value = await load()
-        self._values[key] = (now + (ttl_ms if ttl_ms is not None else self.ttl_ms), value)
+        pending = self._loading.get(key)
+        if pending is not None:
+            try:
+                return await asyncio.shield(pending)
+            except asyncio.CancelledError:
+                if not pending.cancelled():
+                    raise  # this caller was cancelled
+                # the loader was cancelled (its request went away): load for ourselves
+        if key in self._loading:
+            return await self.get(key, load, ttl_ms)
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._loading[key] = future
+        try:
+            value = await load()
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved here: waiters re-raise it, nobody else must log it
+            raise
+        finally:
+            self._loading.pop(key, None)
+        future.set_result(value)
+        ttl = ttl_ms(value) if callable(ttl_ms) else (ttl_ms if ttl_ms is not None else self.ttl_ms)
+        self._values[key] = (now + ttl, value)
         if len(self._values) > 65_536:  # bounded: drop the oldest half
             for stale in list(self._values)[: len(self._values) // 2]:
                 self._values.pop(stale, None)
@@ -106,8 +139,12 @@ class ContractMirror:
                 return address_of(bytes(raw)).to_bech32(), "authorised"
             return None
 
-        # Short-lived: a sender who just bought a plan must not wait long to be recognised.
-        return await self._cache.get(("account", sender), load, ttl_ms=1_000)
+        # "No account" is kept 1 s (a sender who just bought a plan must not wait long to be recognised);
+        # a found account 10 s (it changes only by a purchase, a removal or an expiry; the billing
+        # issue's event mirror refreshes it sooner).
+        return await self._cache.get(
+            ("account", sender), load, ttl_ms=lambda found: 1_000 if found is None else 10_000
+        )
 
 
 def function_of(tx: Transaction) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 import structlog
+from sqlalchemy import ColumnElement, and_
 
 from gasless.chain.gateway import Broadcast, GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
@@ -49,6 +50,8 @@ class Broadcaster:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.sending: set[int] = set()  # intents with a send still waiting for its first answer
         self.on_update: Callable[[Rec], None] | None = None
+        self._acks: dict[int, int] = {}  # first acknowledgements waiting to be written (pk -> ms)
+        self._ack_writer: asyncio.Task[None] | None = None
 
     def send(self, pk: int, wire: dict[str, Any], tx_hash: str) -> SentIntent:
         """Send to every gateway now; the first acknowledgement is recorded in the background."""
@@ -66,41 +69,40 @@ class Broadcaster:
             self.sending.discard(pk)
         ack_ms = now_ms() if result.tx_hash is not None else None
         sent.ack_ms.set_result(ack_ms)
-        try:
-            row = None
-            if ack_ms is not None:
-                if result.tx_hash != tx_hash:
-                    log.error(
-                        "gateway returned another hash", expected=tx_hash, got=result.tx_hash, url=result.url
-                    )
-                # One write in the common case: the first acknowledgement and the send bookkeeping together.
-                row = await self.repo.transition(
-                    pk,
-                    ("COSIGNED",),
-                    {
-                        "state": "BROADCAST",
-                        "broadcast_at_ms": ack_ms,
-                        "last_sent_at_ms": ack_ms,
-                        "send_attempts": intents.c.send_attempts + 1,
-                    },
-                    ack_ms,
-                )
-                if row is not None:
-                    self.bus.publish(row)
-                    if self.on_update is not None:
-                        self.on_update(row)
-            else:
-                log.warning(
-                    "no gateway acknowledged; the tracker re-sends", tx_hash=tx_hash, error=result.error
-                )
-            if row is None:
+        if ack_ms is None:
+            log.warning("no gateway acknowledged; the tracker re-sends", tx_hash=tx_hash, error=result.error)
+            try:
                 await self.repo.note_sent(pk, now_ms())
-        except Exception as exc:  # the tracker repairs state from the chain; never lose the task silently
-            log.warning("could not record the broadcast", tx_hash=tx_hash, error=type(exc).__name__)
+            except Exception as exc:  # the tracker repairs state from the chain
+                log.warning("could not record the send", tx_hash=tx_hash, error=type(exc).__name__)
+            return
+        if result.tx_hash != tx_hash:
+            log.error("gateway returned another hash", expected=tx_hash, got=result.tx_hash, url=result.url)
+        # Acknowledgements are written in groups (group commit): whatever arrived while the previous
+        # write ran goes into the next one, so a burst of relays costs a few writes, not one each.
+        self._acks[pk] = ack_ms
+        if self._ack_writer is None or self._ack_writer.done():
+            self._ack_writer = asyncio.create_task(self._write_acks())
+            self._tasks.add(self._ack_writer)
+            self._ack_writer.add_done_callback(self._tasks.discard)
+
+    async def _write_acks(self) -> None:
+        while self._acks:
+            acks, self._acks = self._acks, {}
+            try:
+                rows, _ = await self.repo.record_acks(acks)
+            except Exception as exc:  # the tracker repairs state from the chain; never lose the task silently
+                log.warning("could not record acknowledgements", count=len(acks), error=type(exc).__name__)
+                continue
+            for row in rows:
+                self.bus.publish(row)
+                if self.on_update is not None:
+                    self.on_update(row)
 
     async def drain(self, timeout_s: float = 5.0) -> None:
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while self._tasks and time.monotonic() < deadline:
+            await asyncio.wait(set(self._tasks), timeout=max(0.0, deadline - time.monotonic()))
 
 
 class Worker:
@@ -190,21 +192,16 @@ class Tracker(Worker):
         now = self.clock()
         if now - self._resynced_ms >= RESYNC_MS:
             self._resynced_ms = now
-            fresh = {int(row.pk): row for row in await self.repo.in_flight()}
-            for pk in list(self._tracked):
-                if pk not in fresh:
-                    self._tracked.pop(pk, None)
-            for pk, row in fresh.items():
-                self._tracked.setdefault(pk, row)
+            await self._resync()
         for pk in [pk for pk in self._next_check if pk not in self._tracked]:
             del self._next_check[pk]
         for pk in [pk for pk in self._hyper if pk not in self._tracked]:
             del self._hyper[pk]
+        batch = _Batch()
         # Executed intents whose hyperblock is known become final without asking the gateway again.
         final = self.network.meta_highest_final_nonce
         if final is not None:
-            ready = [pk for pk, hyper in self._hyper.items() if hyper <= final]
-            await asyncio.gather(*(self._finalize(self._tracked[pk]) for pk in ready if pk in self._tracked))
+            batch.finalize([pk for pk, hyper in self._hyper.items() if hyper <= final], now)
         due = [
             row
             for pk, row in list(self._tracked.items())
@@ -215,77 +212,61 @@ class Tracker(Worker):
         for row in due:
             self._next_check[int(row.pk)] = next_at
         if due:
-            await asyncio.gather(*(self._check(row) for row in due))
+            looked = await asyncio.gather(*(self._look(row) for row in due))
+            for row, chain_tx in zip(due, looked, strict=True):
+                if chain_tx is not _UNREACHABLE:
+                    await self._decide(row, chain_tx, batch, now)  # type: ignore[arg-type]
+        await self._commit(batch, now)
 
-    async def _finalize(self, row: Rec) -> None:
-        now = self.clock()
-        self._hyper.pop(int(row.pk), None)
-        updated = await self.repo.transition(
-            row.pk, ("EXECUTED",), {"state": "FINALIZED", "finalized_at_ms": now}, now
-        )
-        if updated is not None:
-            self._publish(updated)
-            self._tracked.pop(int(row.pk), None)
-        else:
-            await self._reload(row)
+    async def _resync(self) -> None:
+        """Adopt intents committed by other hosts (and drop those settled elsewhere): a light read of
+        (pk, state, seq), full rows only for what this host does not know yet or has stale."""
+        known = {pk: int(row.seq) for pk, row in self._tracked.items()}
+        stamps = await self.repo.in_flight_stamps()
+        for pk in [pk for pk in self._tracked if pk not in stamps]:
+            self._tracked.pop(pk, None)
+        wanted = [pk for pk, seq in stamps.items() if known.get(pk) != seq]
+        if wanted:
+            for row in await self.repo.by_pks(wanted):
+                if row.state in IN_FLIGHT:
+                    self._tracked[int(row.pk)] = row
 
-    async def _check(self, row: Rec) -> None:
+    async def _look(self, row: Rec) -> dict[str, Any] | None | object:
         async with self._limit:
             try:
-                chain_tx = await self.gateway.transaction(row.tx_hash, sender=row.sender)
+                return await self.gateway.transaction(row.tx_hash, sender=row.sender)
             except (GatewayUnavailable, GatewayRejected):
-                return
-            await self._apply(row, chain_tx)
+                return _UNREACHABLE
 
-    async def _apply(self, row: Rec, chain_tx: dict[str, Any] | None) -> None:
-        now = self.clock()
+    async def _decide(self, row: Rec, chain_tx: dict[str, Any] | None, batch: _Batch, now: int) -> None:
+        """What the chain says about one intent, as changes added to this round's batch."""
         status = chain_tx.get("status") if chain_tx else None
         block_nonce = int(chain_tx.get("blockNonce") or 0) if chain_tx else 0
         if status == "invalid":
-            await self._dead(
-                row, reason=(chain_tx or {}).get("receipt", {}).get("data") or "invalid on chain"
-            )
+            batch.dead(row, (chain_tx or {}).get("receipt", {}).get("data") or "invalid on chain", now)
             return
         if status in ("success", "fail") and block_nonce > 0:
             assert chain_tx is not None
-            if row.state in ("COSIGNED", "BROADCAST"):
-                executed_ts = int(chain_tx.get("timestampMs") or int(chain_tx.get("timestamp") or 0) * 1000)
-                updated = await self.repo.transition(
-                    row.pk,
-                    ("COSIGNED", "BROADCAST"),
-                    {"state": "EXECUTED", "executed_block_ts_ms": executed_ts or None, "outcome": status},
-                    now,
-                )
-                if updated is None:
-                    await self._reload(row)
-                    return
-                row = updated
-                self._publish(row)
-                await self._settle_rivals(row)
             hyper = int(chain_tx.get("hyperblockNonce") or 0)
             final = self.network.meta_highest_final_nonce
-            if row.state == "EXECUTED" and hyper > 0 and (final is None or hyper > final):
+            if row.state in ("COSIGNED", "BROADCAST"):
+                executed_ts = int(chain_tx.get("timestampMs") or int(chain_tx.get("timestamp") or 0) * 1000)
+                batch.executed(row, executed_ts or None, status)
+                self._rivals_of(row, batch, now)
+            if hyper > 0 and final is not None and hyper <= final:
+                batch.finalize([int(row.pk)], now)
+            elif hyper > 0:
                 self._hyper[int(row.pk)] = hyper  # final once the metachain's final nonce reaches it
-                return
-            if row.state == "EXECUTED" and hyper > 0 and final is not None and hyper <= final:
-                updated = await self.repo.transition(
-                    row.pk, ("EXECUTED",), {"state": "FINALIZED", "finalized_at_ms": now}, now
-                )
-                if updated is not None:
-                    self._publish(updated)
-                    self._tracked.pop(int(row.pk), None)
-                else:
-                    await self._reload(row)
             return
         # Not executed yet: keep it in the network's hands.
         age = now - int(row.cosigned_at_ms)
         last_sent = int(row.last_sent_at_ms or row.cosigned_at_ms)
         if chain_tx is None:
             if await self._nonce_taken(row):
-                await self._dead(row, reason="nonce used by another transaction of the sender")
+                batch.dead(row, "nonce used by another transaction of the sender", now)
                 return
             if age > self.give_up_ms:
-                await self._dead(row, reason=f"not included within {self.give_up_ms} ms")
+                batch.dead(row, f"not included within {self.give_up_ms} ms", now)
                 return
         # Re-send: quickly while no gateway acknowledged, slowly while the chain does not know the hash;
         # never while a send of this intent is still waiting for its answer.
@@ -296,6 +277,34 @@ class Tracker(Worker):
             self._tracked[int(row.pk)] = row._replace(
                 last_sent_at_ms=now, send_attempts=row.send_attempts + 1
             )
+
+    def _rivals_of(self, winner: Rec, batch: _Batch, now: int) -> None:
+        """The executed intent took the slot: every other in-flight intent of that nonce is dead. Rivals
+        this host knows are in memory; a slot that saw replacements (slot_seq > 0) is also swept in the
+        database, for rivals another host committed since the last resync."""
+        rivals = [
+            row
+            for row in self._tracked.values()
+            if row.sender == winner.sender and int(row.nonce) == int(winner.nonce) and row.pk != winner.pk
+        ]
+        if rivals or int(winner.slot_seq) > 0:
+            batch.replaced(winner, now)
+
+    async def _commit(self, batch: _Batch, now: int) -> None:
+        if not batch.changes:
+            return
+        changed = await self.repo.transition_many(batch.changes, now)
+        seen = set()
+        for row in changed:
+            seen.add(int(row.pk))
+            if row.state == "DEAD":
+                log.info("intent dead", tx_hash=row.tx_hash, reason=(row.dead_reason or "")[:120])
+            self._publish(row)
+        # A guarded update that changed nothing: another host moved the row first. Re-read it.
+        for pk in batch.expected - seen:
+            row = self._tracked.get(pk)
+            if row is not None:
+                await self._reload(row)
 
     async def _nonce_taken(self, row: Rec) -> bool:
         try:
@@ -311,25 +320,6 @@ class Tracker(Worker):
             return False
         return again is None
 
-    async def _settle_rivals(self, winner: Rec) -> None:
-        """The executed intent took the slot: every other in-flight intent of that nonce is dead."""
-        for rival in await self.repo.slot_rivals(winner.sender, int(winner.nonce), int(winner.pk)):
-            await self._dead(
-                rival,
-                reason="replaced: another transaction with the same nonce executed",
-                replaced_by=winner.tx_hash,
-            )
-
-    async def _dead(self, row: Rec, *, reason: str, replaced_by: str | None = None) -> None:
-        now = self.clock()
-        updated = await self.repo.transition(
-            row.pk, IN_FLIGHT, {"state": "DEAD", "dead_reason": reason[:500], "replaced_by": replaced_by}, now
-        )
-        self._tracked.pop(int(row.pk), None)
-        if updated is not None:
-            log.info("intent dead", tx_hash=row.tx_hash, reason=reason[:120])
-            self._publish(updated)
-
     async def _reload(self, row: Rec) -> None:
         fresh = await self.repo.by_pk(int(row.pk))
         if fresh is None or fresh.state not in IN_FLIGHT:
@@ -340,7 +330,82 @@ class Tracker(Worker):
     def _publish(self, row: Rec) -> None:
         if row.state in IN_FLIGHT:
             self._tracked[int(row.pk)] = row
+        else:
+            self._tracked.pop(int(row.pk), None)
+            self._hyper.pop(int(row.pk), None)
         self.bus.publish(row)
+
+
+_UNREACHABLE = object()  # no gateway answered this round's look at an intent
+
+
+class _Batch:
+    """One round's state changes, written together (`IntentRepository.transition_many`), in order:
+    executions first, then the rivals they kill, then finalizations, then other deaths."""
+
+    def __init__(self) -> None:
+        self._executed: dict[tuple[int | None, str], list[int]] = {}
+        self._replaced: list[tuple[ColumnElement[bool], dict[str, Any]]] = []
+        self._final: list[int] = []
+        self._dead: list[tuple[ColumnElement[bool], dict[str, Any]]] = []
+        self.expected: set[int] = set()  # pks a change targets directly (re-read when it did not apply)
+        self._final_at = 0
+
+    def executed(self, row: Rec, block_ts_ms: int | None, outcome: str) -> None:
+        self._executed.setdefault((block_ts_ms, outcome), []).append(int(row.pk))
+        self.expected.add(int(row.pk))
+
+    def replaced(self, winner: Rec, now: int) -> None:
+        self._replaced.append(
+            (
+                and_(
+                    intents.c.sender == winner.sender,
+                    intents.c.nonce == int(winner.nonce),
+                    intents.c.pk != int(winner.pk),
+                    intents.c.state.in_(IN_FLIGHT),
+                ),
+                {
+                    "state": "DEAD",
+                    "dead_reason": "replaced: another transaction with the same nonce executed",
+                    "replaced_by": winner.tx_hash,
+                },
+            )
+        )
+
+    def finalize(self, pks: list[int], now: int) -> None:
+        self._final.extend(pks)
+        self.expected.update(pks)
+        self._final_at = now
+
+    def dead(self, row: Rec, reason: str, now: int) -> None:
+        self._dead.append(
+            (
+                and_(intents.c.pk == int(row.pk), intents.c.state.in_(IN_FLIGHT)),
+                {"state": "DEAD", "dead_reason": reason[:500], "replaced_by": None},
+            )
+        )
+        self.expected.add(int(row.pk))
+
+    @property
+    def changes(self) -> list[tuple[ColumnElement[bool], dict[str, Any]]]:
+        out: list[tuple[ColumnElement[bool], dict[str, Any]]] = []
+        for (block_ts_ms, outcome), pks in self._executed.items():
+            out.append(
+                (
+                    and_(intents.c.pk.in_(pks), intents.c.state.in_(("COSIGNED", "BROADCAST"))),
+                    {"state": "EXECUTED", "executed_block_ts_ms": block_ts_ms, "outcome": outcome},
+                )
+            )
+        out.extend(self._replaced)
+        if self._final:
+            out.append(
+                (
+                    and_(intents.c.pk.in_(sorted(set(self._final))), intents.c.state == "EXECUTED"),
+                    {"state": "FINALIZED", "finalized_at_ms": self._final_at},
+                )
+            )
+        out.extend(self._dead)
+        return out
 
 
 class Retention(Worker):

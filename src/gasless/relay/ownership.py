@@ -34,7 +34,8 @@ RECOVERY_ROLE = "intent-recovery"
 
 class HostIntents(IntentRepository):
     """The intent repository as one host's tracker sees it: its own in-flight intents, plus those of the
-    hosts it adopted (while it leads intent recovery)."""
+    hosts it adopted (while it leads intent recovery). Every read the tracker uses to find intents
+    (start-up recovery, its periodic resync) is scoped; reads by key and guarded updates are not."""
 
     def __init__(self, engine: AsyncEngine, host_id: str) -> None:
         super().__init__(engine)
@@ -54,6 +55,13 @@ class HostIntents(IntentRepository):
                 .limit(limit)
             )
             return recs(rows.all())
+
+    async def in_flight_stamps(self) -> dict[int, int]:
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(intents.c.pk, intents.c.seq).where(intents.c.state.in_(IN_FLIGHT), self._ours())
+            )
+            return {int(pk): int(seq) for pk, seq in rows.all()}
 
     async def unbroadcast(self) -> list[Rec]:
         async with self.engine.connect() as conn:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, bindparam, case, delete, func, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -53,29 +53,30 @@ class CommitConflict(Exception):
 class IntentRepository:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        # The hot path's statements, built once: constructing a SQLAlchemy statement per request (one
+        # coercion per column) cost more than executing it.
+        self._sender_rows = select(intents).where(
+            intents.c.sender == bindparam("sender"),
+            or_(intents.c.nonce == bindparam("nonce"), intents.c.state.in_(IN_FLIGHT)),
+        )
+        self._key_row = (
+            select(intents)
+            .join(intent_keys, intent_keys.c.intent_pk == intents.c.pk)
+            .where(
+                intent_keys.c.sender == bindparam("sender"),
+                intent_keys.c.key == bindparam("key"),
+                intent_keys.c.expires_at_ms > bindparam("now_ms"),
+            )
+        )
+        self._insert_intent = intents.insert().returning(intents.c.pk)
 
     async def sender_view(self, sender: str, nonce: int, key: str | None, now_ms: int) -> SenderView:
         async with self.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    select(intents).where(
-                        intents.c.sender == sender,
-                        or_(intents.c.nonce == nonce, intents.c.state.in_(IN_FLIGHT)),
-                    )
-                )
-            ).all()
+            rows = (await conn.execute(self._sender_rows, {"sender": sender, "nonce": nonce})).all()
             key_row = None
             if key is not None:
                 key_row = (
-                    await conn.execute(
-                        select(intents)
-                        .join(intent_keys, intent_keys.c.intent_pk == intents.c.pk)
-                        .where(
-                            intent_keys.c.sender == sender,
-                            intent_keys.c.key == key,
-                            intent_keys.c.expires_at_ms > now_ms,
-                        )
-                    )
+                    await conn.execute(self._key_row, {"sender": sender, "key": key, "now_ms": now_ms})
                 ).first()
         records = recs(rows)
         return SenderView(
@@ -88,9 +89,7 @@ class IntentRepository:
         """The commit point: the intent (COSIGNED, with the relayer signature) and its key in one transaction."""
         try:
             async with begin_write(self.engine) as conn:
-                pk = (
-                    await conn.execute(intents.insert().values(**values).returning(intents.c.pk))
-                ).scalar_one()
+                pk = (await conn.execute(self._insert_intent, dict(values))).scalar_one()
                 if key is not None:
                     await self._claim_key(
                         conn, values["sender"], key, pk, values["cosigned_at_ms"], key_ttl_ms
@@ -187,6 +186,22 @@ class IntentRepository:
                 ).all()
             )
 
+    async def in_flight_stamps(self) -> dict[int, int]:
+        """pk -> seq of every in-flight intent: how the tracker notices what other hosts committed or moved."""
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(select(intents.c.pk, intents.c.seq).where(intents.c.state.in_(IN_FLIGHT)))
+            ).all()
+        return {int(pk): int(seq) for pk, seq in rows}
+
+    async def by_pks(self, pks: Sequence[int]) -> list[Rec]:
+        out: list[Rec] = []
+        async with self.engine.connect() as conn:
+            for start in range(0, len(pks), 500):
+                chunk = list(pks[start : start + 500])
+                out.extend(recs((await conn.execute(select(intents).where(intents.c.pk.in_(chunk)))).all()))
+        return out
+
     async def unbroadcast(self) -> list[Rec]:
         """Co-signed rows no gateway acknowledged: what orphan recovery re-broadcasts at start-up."""
         async with self.engine.connect() as conn:
@@ -210,6 +225,57 @@ class IntentRepository:
                 .returning(*intents.c)
             )
             return rec(result.first())
+
+    async def transition_many(
+        self, changes: Sequence[tuple[ColumnElement[bool], Mapping[str, Any]]], now_ms: int
+    ) -> list[Rec]:
+        """Several guarded UPDATEs (`where`, `values`), in order, in one transaction; the rows they changed.
+
+        The tracker settles a whole round's worth of intents this way: one write, not one per intent.
+        """
+        changed: list[Rec] = []
+        if not changes:
+            return changed
+        async with begin_write(self.engine) as conn:
+            for where, values in changes:
+                result = await conn.execute(
+                    update(intents)
+                    .where(where)
+                    .values(**values, seq=intents.c.seq + 1, updated_at_ms=now_ms)
+                    .returning(*intents.c)
+                )
+                changed.extend(recs(result.all()))
+        return changed
+
+    async def record_acks(self, acks: Mapping[int, int]) -> tuple[list[Rec], list[int]]:
+        """First acknowledgements (pk -> ack ms) in one write: co-signed rows become BROADCAST; rows already
+        past COSIGNED only count the send. Returns the rows that became BROADCAST and the other pks."""
+        pks = list(acks)
+        at = case(acks, value=intents.c.pk)
+        async with begin_write(self.engine) as conn:
+            result = await conn.execute(
+                update(intents)
+                .where(intents.c.pk.in_(pks), intents.c.state == "COSIGNED")
+                .values(
+                    state="BROADCAST",
+                    broadcast_at_ms=at,
+                    last_sent_at_ms=at,
+                    send_attempts=intents.c.send_attempts + 1,
+                    seq=intents.c.seq + 1,
+                    updated_at_ms=at,
+                )
+                .returning(*intents.c)
+            )
+            broadcast = recs(result.all())
+            done = {int(row.pk) for row in broadcast}
+            others = [pk for pk in pks if pk not in done]
+            if others:
+                await conn.execute(
+                    update(intents)
+                    .where(intents.c.pk.in_(others))
+                    .values(last_sent_at_ms=at, send_attempts=intents.c.send_attempts + 1)
+                )
+        return broadcast, others
 
     async def note_sent(self, pk: int, now_ms: int) -> None:
         async with begin_write(self.engine) as conn:

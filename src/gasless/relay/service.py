@@ -93,6 +93,10 @@ class RelayService:
         self.assign = assign
         self.clock = clock
         self._background: set[asyncio.Task[Any]] = set()
+        # sender -> (expires at, monotonic ms; guardian data): read at most once per round per sender. A
+        # guardian change becomes active on chain only after a waiting period, so a round-old answer is
+        # as good as a fresh one.
+        self._guardians: dict[str, tuple[float, dict[str, Any] | None]] = {}
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -264,7 +268,7 @@ class RelayService:
         try:
             account, guardian, pool = await asyncio.gather(
                 self.gateway.account(sender),
-                self.gateway.guardian_data(sender),
+                self._guardian_data(sender),
                 self.gateway.pool_for_sender(sender, fields="hash,nonce,gasprice"),
             )
         except (GatewayUnavailable, GatewayRejected) as exc:
@@ -277,6 +281,17 @@ class RelayService:
             active_guardian=active or None,
             pool=list(pool or []),
         )
+
+    async def _guardian_data(self, sender: str) -> dict[str, Any] | None:
+        now = time.monotonic() * 1000
+        hit = self._guardians.get(sender)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        data = await self.gateway.guardian_data(sender)
+        if len(self._guardians) > 65_536:
+            self._guardians.clear()
+        self._guardians[sender] = (now + self.network.params.round_duration_ms, data)
+        return data
 
     def _state_checks(
         self, parsed: ParsedRelay, lease: Lease, view: SenderView, state: ChainState
