@@ -27,12 +27,14 @@ from gasless.chain.gateway import GatewayClient
 from gasless.chain.network import NetworkView
 from gasless.crypto import PurposeKeys
 from gasless.db import create_engine, ping, upgrade
+from gasless.db.leader import SingletonRunner
 from gasless.errors import ApiError
 from gasless.limits import RouteLimiter, RouteLimitTable, local_route_limiter
 from gasless.limits_redis import redis_backends, redis_namespace
 from gasless.logs import quiet_sdk_loggers
 from gasless.openapi import install_openapi
 from gasless.pages import CursorCodec
+from gasless.metrics import HostCollector, HostMetrics, MeteredIntentBus, MetricsMiddleware
 from gasless.problems import RequestIdMiddleware, install_problem_handlers
 from gasless.relay import routes as relay_routes
 from gasless.relay.assign import AssignService
@@ -40,6 +42,7 @@ from gasless.relay.entitlement import ContractEntitlement, ContractMirror, Entit
 from gasless.relay.events import IntentBus
 from gasless.relay.jobs import Broadcaster, Retention, Tracker
 from gasless.relay.leases import LeaseCodec
+from gasless.relay.ownership import RECOVERY_ROLE, HostIntents, OrphanAdopter
 from gasless.relay.quote import QuoteService
 from gasless.relay.relayers import RelayerPool
 from gasless.relay.repository import IntentRepository
@@ -61,6 +64,8 @@ class Health(BaseModel):
     chainId: str
     bootEpochMs: int
     checks: dict[str, str] = {}
+    # Singleton roles and whether this host runs them now (readiness only): "leader" or "standby".
+    singletons: dict[str, str] = {}
 
 
 @dataclass
@@ -72,6 +77,7 @@ class HostState:
     keys: PurposeKeys
     limits: RouteLimiter
     cursors: CursorCodec
+    metrics: HostMetrics = field(default_factory=HostMetrics)
     engine: AsyncEngine | None = None
     http: aiohttp.ClientSession | None = None
     redis: Redis | None = None
@@ -87,6 +93,7 @@ class HostState:
     tracker: Tracker | None = None
     broadcaster: Broadcaster | None = None
     retention: Retention | None = None
+    singletons: SingletonRunner | None = None
     relay_service: RelayService | None = None
     assign_service: AssignService | None = None
     quote_service: QuoteService | None = None
@@ -94,6 +101,19 @@ class HostState:
     native_auth: NativeAuthVerifier | None = None
     sender_listing: SenderListing | None = None
     startup_error: str | None = None
+
+    # Account-stream event ids (spec "Account stream" 3-4): `<hostId>.<bootEpochMs>.<seq>`. Only ids this
+    # very process issued resume; another host's, or one from before a restart, starts with `reset`.
+    def stream_event_id(self, seq: int) -> str:
+        return f"{self.settings.host_id}.{self.boot_epoch_ms}.{seq}"
+
+    def resumable_seq(self, last_event_id: str | None) -> int | None:
+        """The `seq` of a Last-Event-ID issued by this process, else None (the stream sends `reset`)."""
+        host, _, rest = (last_event_id or "").partition(".")
+        boot, _, seq = rest.partition(".")
+        if host != self.settings.host_id or boot != str(self.boot_epoch_ms) or not seq.isdigit():
+            return None
+        return int(seq)
 
     def _require(self, value: Any) -> Any:
         if value is None or not self.restored:
@@ -146,6 +166,10 @@ def purpose_keys(settings: Settings) -> PurposeKeys:
     secret = settings.master_secret.get_secret_value() if settings.master_secret is not None else None
     if secret is None:
         # localnet without a configured secret: leases live as long as the process.
+        if not settings.effective_database_url.startswith("sqlite"):
+            log.warning(
+                "no master secret: another host will refuse this host's leases", host_id=settings.host_id
+            )
         secret = secrets.token_urlsafe(48)
     return PurposeKeys(secret.encode(), settings.key_env, settings.network.chain_id)
 
@@ -161,6 +185,7 @@ async def _start_relay_core(
     gateway = GatewayClient(
         state.http, settings.effective_gateway_urls, timeout_ms=settings.gateway_timeout_ms
     )
+    gateway.on_failure = state.metrics.gateway_failed
     network = NetworkView(gateway)
     while True:
         try:
@@ -193,9 +218,11 @@ async def _start_relay_core(
     state.relayers = relayers
     leases = LeaseCodec(state.keys)
     repo = IntentRepository(state.engine)
-    bus = IntentBus()
+    bus: IntentBus = MeteredIntentBus(state.metrics)
     broadcaster = Broadcaster(gateway, repo, bus)
-    tracker = Tracker(gateway, network, repo, bus, broadcaster)
+    # The tracker follows this host's intents (and adopted ones while it leads recovery).
+    tracked = HostIntents(state.engine, settings.host_id)
+    tracker = Tracker(gateway, network, tracked, bus, broadcaster)
     mirror = ContractMirror(gateway, settings.network.contract_address)
     entitlement: Entitlement = (
         entitlement_factory(mirror)
@@ -242,9 +269,16 @@ async def _start_relay_core(
     state.repo, state.bus, state.broadcaster, state.tracker = repo, bus, broadcaster, tracker
     recovered = await tracker.recover()
     await tracker.start()
+    singletons = SingletonRunner(
+        settings.effective_database_url,
+        host_id=settings.host_id,
+        scope=f"{settings.key_env}:{settings.network.chain_id}",
+    )
     retention = Retention(repo)
-    await retention.start()
-    state.retention = retention
+    singletons.add("retention", retention)
+    singletons.add(RECOVERY_ROLE, OrphanAdopter(tracked, singletons))
+    await singletons.start()
+    state.retention, state.singletons = retention, singletons
     state.relay_service, state.assign_service = relay, assign
     state.quote_service = QuoteService(network, mirror)
     state.mirror, state.native_auth = mirror, native_auth
@@ -255,7 +289,7 @@ async def _start_relay_core(
 
 
 async def _stop_relay_core(state: HostState) -> None:
-    for part in (state.retention, state.tracker, state.relayers, state.signer, state.network):
+    for part in (state.singletons, state.tracker, state.relayers, state.signer, state.network):
         if part is not None:
             with contextlib.suppress(Exception):
                 await part.stop()
@@ -284,6 +318,8 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Everything started from here (workers included) logs with this host's id.
+        structlog.contextvars.bind_contextvars(host_id=settings.host_id)
         state.engine = create_engine(settings.effective_database_url)
         state.http = aiohttp.ClientSession()
         if settings.redis_url:
@@ -323,13 +359,22 @@ def create_app(
     # Outermost last: request id, then RateLimit-* headers, then the body limit (before any route code).
     app.add_middleware(BodyLimitMiddleware, docs_url=settings.docs_url)
     app.add_middleware(RateLimitHeadersMiddleware)
+    state.metrics.registry.register(HostCollector(lambda: _gauges(state)))
+    # Inside the request-id middleware, so the access log line carries the request id.
+    app.add_middleware(
+        MetricsMiddleware, metrics=state.metrics, host_id=settings.host_id, access_log=settings.access_log
+    )
     app.add_middleware(RequestIdMiddleware)
     install_problem_handlers(app, settings.docs_url)
     app.include_router(relay_routes.router)
     app.include_router(account_routes.router)
     install_openapi(app, relay_routes.EXTRA_SCHEMAS)
 
-    def health(status: Literal["ok", "starting", "unavailable"], checks: dict[str, str]) -> Health:
+    def health(
+        status: Literal["ok", "starting", "unavailable"],
+        checks: dict[str, str],
+        singletons: dict[str, str] | None = None,
+    ) -> Health:
         return Health(
             status=status,
             hostId=settings.host_id,
@@ -338,6 +383,7 @@ def create_app(
             chainId=settings.network.chain_id,
             bootEpochMs=state.boot_epoch_ms,
             checks=checks,
+            singletons=singletons or {},
         )
 
     @app.get("/healthz", operation_id="getHealth", response_model=Health, tags=["meta"])
@@ -372,6 +418,20 @@ def create_app(
         ready = all(v == "ok" for v in checks.values())
         if not ready:
             response.status_code = 503
-        return health("ok" if ready else ("starting" if not state.restored else "unavailable"), checks)
+        leadership = state.singletons.leadership() if state.singletons is not None else {}
+        return health(
+            "ok" if ready else ("starting" if not state.restored else "unavailable"),
+            checks,
+            {role: "leader" if leads else "standby" for role, leads in leadership.items()},
+        )
 
     return app
+
+
+def _gauges(state: HostState) -> dict[str, Any]:
+    return {
+        "pending_sends": len(state.broadcaster.sending) if state.broadcaster is not None else 0,
+        "tracked": state.tracker.tracked if state.tracker is not None else 0,
+        "leader": state.singletons.leadership() if state.singletons is not None else {},
+        "ready": 1 if state.restored else 0,
+    }

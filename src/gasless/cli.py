@@ -23,6 +23,7 @@ console = Console(stderr=True)
 
 app.add_typer(relay_app, name="relay")
 
+
 def run_service(main: Coroutine[Any, Any, None]) -> None:
     """Long-running servers run on uvloop (uvicorn's standard loop) where it exists."""
     try:
@@ -36,19 +37,29 @@ def run_service(main: Coroutine[Any, Any, None]) -> None:
 DataDir = Annotated[Path, typer.Option("--data-dir", help="Where wallets, the database and secrets live.")]
 
 
-def _print_embedded(settings, localnet) -> None:  # type: ignore[no-untyped-def]
-    table = Table(title="gasless is up (embedded default: localnet + SQLite)", show_lines=False)
+def _print_embedded(hosts, localnet) -> None:  # type: ignore[no-untyped-def]
+    first = hosts[0]
+    storage = "SQLite" if first.effective_database_url.startswith("sqlite") else "PostgreSQL"
+    title = f"gasless is up (localnet + {storage}, {len(hosts)} API host{'s' if len(hosts) > 1 else ''})"
+    table = Table(title=title, show_lines=False)
     table.add_column("what")
     table.add_column("where")
-    table.add_row("API", settings.network.api_base_url)
-    table.add_row(
-        "health", f"{settings.network.api_base_url}/healthz  {settings.network.api_base_url}/readyz"
-    )
+    for settings in hosts:
+        base = settings.network.api_base_url
+        table.add_row(f"API (host {settings.host_id})", base)
+        table.add_row(f"health (host {settings.host_id})", f"{base}/healthz  {base}/readyz")
+        if settings.metrics_port:
+            table.add_row(
+                f"metrics (host {settings.host_id})",
+                f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
+            )
     for url in localnet.urls:
         table.add_row("localnet gateway", url)
     table.add_row("localnet admin", f"{localnet.urls[0]}/localnet/info")
-    table.add_row("chain id", settings.network.chain_id)
-    table.add_row("database", settings.effective_database_url)
+    table.add_row("chain id", first.network.chain_id)
+    table.add_row("database", _without_password(first.effective_database_url))
+    if first.redis_url:
+        table.add_row("redis", _without_password(first.redis_url))
     info = localnet.info
     table.add_row("billing contract", str(info.get("contract")))
     table.add_row("owner wallet", info["ownerPem"])
@@ -60,20 +71,63 @@ def _print_embedded(settings, localnet) -> None:  # type: ignore[no-untyped-def]
     console.print("Press Ctrl-C to stop.")
 
 
+def _without_password(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not a database URL shape (e.g. redis): mask by pattern instead
+        from gasless.logs import Redactor
+
+        return Redactor().text(url)
+
+
 @app.command()
 def up(
-    port: Annotated[int, typer.Option("--port", help="API port.")] = 8080,
+    port: Annotated[int, typer.Option("--port", help="API port (host b: port + 1).")] = 8080,
     localnet_port: Annotated[int, typer.Option("--localnet-port", help="localnet gateway port.")] = 7950,
     data_dir: DataDir = Path("var"),
     round_ms: Annotated[int, typer.Option("--round-ms", help="localnet round duration.")] = 600,
+    hosts: Annotated[
+        int, typer.Option("--hosts", help="API hosts: 1, or 2 (a and b; needs PostgreSQL).")
+    ] = 1,
+    database_url: Annotated[
+        str | None,
+        typer.Option("--database-url", help="postgresql+asyncpg://... (default: SQLite in --data-dir)."),
+    ] = None,
+    redis_url: Annotated[str | None, typer.Option("--redis-url", help="redis://host:6379/0")] = None,
+    metrics_port: Annotated[
+        int, typer.Option("--metrics-port", help="Admin port for /metrics (host b: + 1); 0 turns it off.")
+    ] = 9108,
 ) -> None:
-    """Start the embedded default: localnet and the API on loopback, data under --data-dir."""
-    from gasless.embedded import EmbeddedOptions, run_embedded
+    """Start the embedded default: localnet and the API host(s) on loopback, data under --data-dir."""
+    import os
 
-    configure_logging(json_lines=False)
-    options = EmbeddedOptions(
-        data_dir=data_dir, api_port=port, localnet_port=localnet_port, round_ms=round_ms
+    from gasless.embedded import (
+        EmbeddedConfigError,
+        EmbeddedOptions,
+        check_embedded,
+        local_master_secret,
+        run_embedded,
     )
+
+    options = EmbeddedOptions(
+        data_dir=data_dir,
+        api_port=port,
+        localnet_port=localnet_port,
+        round_ms=round_ms,
+        hosts=hosts,
+        database_url=database_url,
+        redis_url=redis_url,
+        metrics_port=metrics_port,
+    )
+    try:
+        check_embedded(options)
+    except EmbeddedConfigError as exc:
+        console.print(f"[red]cannot start:[/red] {exc}")
+        raise typer.Exit(2) from None
+    secret = os.environ.get("GASLESS_MASTER_SECRET") or local_master_secret(data_dir)
+    configure_logging(json_lines=False, level="WARNING", secrets=[secret])
     with contextlib.suppress(KeyboardInterrupt):
         run_service(run_embedded(options, on_ready=_print_embedded))
 
@@ -119,10 +173,9 @@ def serve(
     config: Annotated[Path | None, typer.Option("--config", help="TOML settings file.")] = None,
 ) -> None:
     """Run the API alone against the configured gateways and database (GASLESS_* settings)."""
-    from gasless.embedded import serve_api
+    from gasless.embedded import local_master_secret, serve_api
     from gasless.settings import Settings
 
-    configure_logging(json_lines=True)
     overrides: dict[str, object] = {}
     if host_id is not None:
         overrides["host_id"] = host_id
@@ -130,10 +183,23 @@ def serve(
         overrides["api_port"] = port
     try:
         settings = Settings.load(config_file=config, **overrides)
+        if settings.master_secret is None:
+            if not settings.effective_database_url.startswith("sqlite"):
+                raise ValueError(
+                    "hosts sharing a database must share one master secret (a lease minted on one host is "
+                    "verified on the other): set GASLESS_MASTER_SECRET (>= 32 characters) on every host"
+                )
+            # localnet on SQLite: one secret per data directory, so leases survive a restart.
+            overrides["master_secret"] = local_master_secret(settings.data_dir)
+            settings = Settings.load(config_file=config, **overrides)
     except ValueError as exc:
         console.print(f"[red]invalid settings:[/red] {exc}")
         raise typer.Exit(2) from None
-    run_service(serve_api(settings, log_level="info"))
+    assert settings.master_secret is not None
+    configure_logging(
+        json_lines=True, level=settings.log_level, secrets=[settings.master_secret.get_secret_value()]
+    )
+    run_service(serve_api(settings, log_level=settings.log_level.lower()))
 
 
 @app.command()

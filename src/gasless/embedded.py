@@ -1,19 +1,40 @@
-"""The embedded default: localnet + SQLite + the API host(s), all on loopback, data under one directory."""
+"""Serving API hosts, and the embedded default: localnet + the API host(s) on loopback, data in one directory.
+
+One host runs on SQLite (the default). Two hosts (`gasless up --hosts 2`) need PostgreSQL: two processes
+cannot share SQLite's single writer, and the hosts must share the database that holds intents, idempotency
+keys and the singleton locks.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import os
 import secrets
+import signal
+import socket
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import structlog
 import uvicorn
 
 from gasless.app import create_app
 from gasless.localnet.chain import ChainConfig
 from gasless.localnet.owner import unpause
 from gasless.localnet.server import Localnet
-from gasless.settings import LOCALNET_PAYMENT_TOKEN, Settings
+from gasless.metrics import admin_app
+from gasless.settings import LOCALNET_PAYMENT_TOKEN, HostId, Settings
+
+log = structlog.get_logger("gasless.serve")
+
+HOST_IDS: tuple[HostId, ...] = ("a", "b")
+
+
+class EmbeddedConfigError(ValueError):
+    """The embedded set-up cannot run as asked (the message says why and what to do)."""
 
 
 @dataclass
@@ -23,6 +44,10 @@ class EmbeddedOptions:
     localnet_port: int = 7950
     round_ms: int = 600
     host: str = "127.0.0.1"
+    hosts: int = 1
+    database_url: str | None = None  # else GASLESS_DATABASE_URL, else SQLite under data_dir
+    redis_url: str | None = None  # else GASLESS_REDIS_URL
+    metrics_port: int = 9108  # host i serves its metrics on metrics_port + i; 0 turns them off
 
 
 def local_master_secret(data_dir: Path) -> str:
@@ -37,6 +62,19 @@ def local_master_secret(data_dir: Path) -> str:
     return value
 
 
+def check_embedded(options: EmbeddedOptions) -> None:
+    """Refuse a set-up that cannot work, before anything starts."""
+    if options.hosts not in (1, 2):
+        raise EmbeddedConfigError("--hosts is 1 or 2 (hosts a and b)")
+    url = options.database_url or os.environ.get("GASLESS_DATABASE_URL") or ""
+    if options.hosts > 1 and not url.startswith("postgresql"):
+        raise EmbeddedConfigError(
+            "two hosts need PostgreSQL: SQLite has one writer and cannot be shared by two processes. "
+            "Pass --database-url postgresql+asyncpg://user@host:5432/db (or set GASLESS_DATABASE_URL), "
+            "and preferably --redis-url redis://host:6379/0."
+        )
+
+
 async def start_localnet(options: EmbeddedOptions) -> Localnet:
     localnet = Localnet(
         data_dir=options.data_dir / "localnet",
@@ -49,45 +87,136 @@ async def start_localnet(options: EmbeddedOptions) -> Localnet:
     return localnet
 
 
-def embedded_settings(options: EmbeddedOptions, localnet: Localnet) -> Settings:
+def embedded_settings(options: EmbeddedOptions, localnet: Localnet, index: int = 0) -> Settings:
+    """Settings of host `index` (0: a, 1: b). Both share the master secret, database and Redis."""
     info = localnet.info
-    return Settings(
-        profile="localnet",
-        host_id="a",
-        master_secret=local_master_secret(options.data_dir),
-        gateway_urls=localnet.urls,
-        data_dir=options.data_dir,
-        api_host=options.host,
-        api_port=options.api_port,
-        contract_address=info.get("contract"),
-        pair_address=info.get("pair"),
-        wrapper_address=info.get("wrapper"),
-        api_base_url=f"http://{options.host}:{options.api_port}",
-        app_origin=f"http://{options.host}:{options.api_port}",
-        relayer_key_files=[wallet.path for wallet in localnet.genesis.relayers],
+    port = options.api_port + index
+    first = f"http://{options.host}:{options.api_port}"
+    values: dict[str, Any] = {
+        "profile": "localnet",
+        "host_id": HOST_IDS[index],
+        # One secret for every host: a lease minted on a verifies on b.
+        "master_secret": os.environ.get("GASLESS_MASTER_SECRET") or local_master_secret(options.data_dir),
+        "gateway_urls": localnet.urls,
+        "data_dir": options.data_dir,
+        "api_host": options.host,
+        "api_port": port,
+        "metrics_port": options.metrics_port + index if options.metrics_port else 0,
+        "contract_address": info.get("contract"),
+        "pair_address": info.get("pair"),
+        "wrapper_address": info.get("wrapper"),
+        "api_base_url": f"http://{options.host}:{port}",
+        # One app origin for the deployment: a native-auth token made for it works on either host.
+        "app_origin": first,
+        "relayer_key_files": [wallet.path for wallet in localnet.genesis.relayers],
+    }
+    if options.database_url:
+        values["database_url"] = options.database_url
+    if options.redis_url:
+        values["redis_url"] = options.redis_url
+    return Settings(**values)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling: `serve_hosts` stops every server on one signal."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[no-untyped-def]
+        yield
+
+
+def _bind(host: str, port: int) -> socket.socket | None:
+    try:
+        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(64)
+        sock.setblocking(False)
+        return sock
+    except OSError as exc:
+        # Metrics are not worth refusing traffic for; the scraper reports the target down.
+        log.error("metrics listener not started", address=f"{host}:{port}", error=str(exc))
+        return None
+
+
+def _servers(settings: Settings, log_level: str) -> list[tuple[uvicorn.Server, list[socket.socket] | None]]:
+    app = create_app(settings)
+    api = _Server(
+        uvicorn.Config(
+            app,
+            host=settings.api_host,
+            port=settings.api_port,
+            log_level=log_level,
+            log_config=None,  # uvicorn's records go through our logging pipeline (JSON, redacted)
+            access_log=False,  # the metrics middleware writes the access log
+            lifespan="on",
+        )
     )
+    servers: list[tuple[uvicorn.Server, list[socket.socket] | None]] = [(api, None)]
+    if settings.metrics_port:
+        sock = _bind(settings.metrics_host, settings.metrics_port)
+        if sock is not None:
+            registry = app.state.host.metrics.registry
+            admin = _Server(
+                uvicorn.Config(
+                    admin_app(registry),
+                    log_level=log_level,
+                    log_config=None,
+                    access_log=False,
+                    lifespan="off",
+                )
+            )
+            servers.append((admin, [sock]))
+            log.info(
+                "metrics listener",
+                host_id=settings.host_id,
+                url=f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
+            )
+    return servers
+
+
+async def serve_hosts(hosts: Sequence[Settings], *, log_level: str = "warning") -> None:
+    """Serve each host's API and admin port until SIGINT/SIGTERM (a second signal forces the exit)."""
+    servers = [server for settings in hosts for server in _servers(settings, log_level)]
+
+    def stop_all() -> None:
+        for server, _ in servers:
+            if server.should_exit:
+                server.force_exit = True
+            server.should_exit = True
+
+    loop = asyncio.get_running_loop()
+    installed: list[int] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            loop.add_signal_handler(sig, stop_all)
+            installed.append(sig)
+    tasks = [asyncio.create_task(server.serve(sockets)) for server, sockets in servers]
+    try:
+        # One server ending (a signal, a failed start) ends them all.
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        stop_all()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        for sig in installed:
+            loop.remove_signal_handler(sig)
 
 
 async def serve_api(settings: Settings, *, log_level: str = "warning") -> None:
-    config = uvicorn.Config(
-        create_app(settings),
-        host=settings.api_host,
-        port=settings.api_port,
-        log_level=log_level,
-        access_log=False,
-        lifespan="on",
-    )
-    await uvicorn.Server(config).serve()
+    await serve_hosts([settings], log_level=log_level)
 
 
-async def run_embedded(options: EmbeddedOptions, on_ready: object = None) -> None:
-    """Start localnet, then the API; stop both on Ctrl-C or SIGTERM."""
+async def run_embedded(
+    options: EmbeddedOptions, on_ready: Callable[[list[Settings], Localnet], None] | None = None
+) -> None:
+    """Start localnet, then the API host(s); stop everything on Ctrl-C or SIGTERM."""
+    check_embedded(options)
     localnet = await start_localnet(options)
     try:
-        settings = embedded_settings(options, localnet)
-        if callable(on_ready):
-            on_ready(settings, localnet)
-        await serve_api(settings)
+        hosts = [embedded_settings(options, localnet, index) for index in range(options.hosts)]
+        if on_ready is not None:
+            on_ready(hosts, localnet)
+        await serve_hosts(hosts)
     finally:
         with contextlib.suppress(Exception):
             await localnet.stop()

@@ -1,55 +1,185 @@
-"""Structured logging: JSON lines in production, readable lines in a terminal. Configured once at start."""
+"""Structured logging: JSON lines in production, readable lines in a terminal. Configured once at start.
+
+Every line, ours (structlog) or a library's (stdlib `logging`: uvicorn, SQLAlchemy, aiohttp), goes through
+the same processors: the request context (`request_id`, `host_id`), a timestamp, and redaction last before
+rendering. Redaction masks by member name (a `signature`, `lease`, `authorization`... member is masked
+whatever its value) and by value pattern (Ed25519 signatures as hex, leases and native-auth tokens, API
+keys, bearer credentials, passwords in URLs, and the configured secrets themselves) anywhere in any
+string, including the message and a formatted traceback.
+"""
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
+from collections.abc import Iterable, Mapping
+from typing import Any, TextIO
 
 import structlog
 
-# Members that must never reach a log line, whatever a caller passes.
+MASK = "[redacted]"
+
+# Member names whose values never reach a log line (compared lower-case, `-` read as `_`).
 REDACTED_KEYS = frozenset(
     {
-        "signature",
-        "relayerSignature",
-        "guardianSignature",
-        "secret",
-        "apiKey",
-        "x-api-key",
         "authorization",
+        "proxy_authorization",
+        "cookie",
+        "set_cookie",
+        "x_api_key",
+        "api_key",
+        "apikey",
         "lease",
         "token",
-        "master_secret",
+        "bearer",
         "password",
+        "passwd",
+        "secret",
+        "master_secret",
+        "signature",
+        "relayersignature",
+        "relayer_signature",
+        "guardiansignature",
+        "guardian_signature",
+        "private_key",
+        "secret_key",
+        "pem",
     }
+)
+# ...and names containing one of these.
+_REDACTED_KEY_PARTS = ("secret", "password", "signature", "authorization", "api_key", "apikey")
+
+_KEY_WORDS = r"(?:relayer|guardian)?signature|lease|token|secret|password|authorization|x-api-key|api[_-]?key"
+_VALUE_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # `name=value`, `"name": "value"` inside free text (a repr of a dict, a query string, an error).
+    (
+        re.compile(
+            rf"""(?i)(["']?\b(?:{_KEY_WORDS})["']?\s*[:=]\s*["']?)((?:bearer|basic)\s+)?([^"'\s,;&}}\]]+)"""
+        ),
+        rf"\1{MASK}",
+    ),
+    # Credentials after an auth scheme.
+    (re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=-]+"), rf"\1 {MASK}"),
+    # API keys: gls_live_... / gls_test_...
+    (re.compile(r"\bgls_(?:live|test)_[A-Za-z0-9_-]+"), MASK),
+    # Leases (two base64url parts) and native-auth tokens (three parts).
+    (re.compile(r"[A-Za-z0-9_-]{20,}\.[A-Za-z0-9_-]{20,}(?:\.[A-Za-z0-9_-]+)?"), MASK),
+    # Ed25519 signatures and any longer hex blob (a signed payload); 64-hex hashes stay readable.
+    (re.compile(r"(?<![0-9A-Fa-f])[0-9A-Fa-f]{128,}(?![0-9A-Fa-f])"), MASK),
+    # The password of a URL (database, Redis).
+    (re.compile(r"(://[^/\s:@]+:)[^@\s/]+@"), rf"\1{MASK}@"),
 )
 
 
-def _redact(_: object, __: str, event_dict: dict[str, object]) -> dict[str, object]:
-    for key in list(event_dict):
-        if key in REDACTED_KEYS or key.lower() in REDACTED_KEYS:
-            event_dict[key] = "[redacted]"
-    return event_dict
+def sensitive_key(name: str) -> bool:
+    key = name.lower().replace("-", "_")
+    return key in REDACTED_KEYS or any(part in key for part in _REDACTED_KEY_PARTS) or key.endswith("_token")
 
 
-def configure_logging(*, json_lines: bool, level: str = "INFO") -> None:
-    processors: list[structlog.types.Processor] = [
+class Redactor:
+    """A structlog processor masking secrets by member name and by value; `secrets` are masked verbatim."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        # Longest first, so a secret containing another is masked whole.
+        self.secrets = sorted({s for s in secrets if s and len(s) >= 8}, key=len, reverse=True)
+
+    def text(self, value: str) -> str:
+        for secret in self.secrets:
+            if secret in value:
+                value = value.replace(secret, MASK)
+        for pattern, replacement in _VALUE_PATTERNS:
+            value = pattern.sub(replacement, value)
+        return value
+
+    def value(self, value: Any, depth: int = 0) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if depth > 8:
+            return value
+        if isinstance(value, Mapping):
+            return {
+                k: MASK if isinstance(k, str) and sensitive_key(k) else self.value(v, depth + 1)
+                for k, v in value.items()
+            }
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return [self.value(v, depth + 1) for v in value]
+        if isinstance(value, (bytes, bytearray)):
+            return self.text(bytes(value).hex())
+        if isinstance(value, (int, float, bool)) or value is None:
+            return value
+        return self.text(str(value))
+
+    def __call__(self, _: object, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+        for key in list(event_dict):
+            if sensitive_key(key):
+                event_dict[key] = MASK
+            else:
+                event_dict[key] = self.value(event_dict[key])
+        return event_dict
+
+
+def configure_logging(
+    *,
+    json_lines: bool,
+    level: str = "INFO",
+    secrets: Iterable[str] = (),
+    stream: TextIO | None = None,
+) -> Redactor:
+    """Route structlog and stdlib logging through one pipeline ending in redaction, then the renderer.
+
+    `secrets` are values masked wherever they appear (the master secret). Returns the redactor in use.
+    """
+    redactor = Redactor(secrets)
+    out = stream if stream is not None else sys.stderr
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}")
+    shared: list[structlog.types.Processor] = [
         structlog.contextvars.merge_contextvars,
+        structlog.stdlib.add_logger_name,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        _redact,
     ]
     renderer: structlog.types.Processor = (
         structlog.processors.JSONRenderer()
         if json_lines
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        else structlog.dev.ConsoleRenderer(
+            colors=out.isatty(), exception_formatter=structlog.dev.plain_traceback
+        )
+    )
+    # One stdlib handler renders every line, ours and the libraries'. Exceptions become text before
+    # redaction, so a traceback is redacted too; redaction is the last step before rendering.
+    formatter = structlog.stdlib.ProcessorFormatter(
+        foreign_pre_chain=shared,
+        processors=[
+            structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+            structlog.processors.StackInfoRenderer(),
+            structlog.processors.format_exc_info,
+            redactor,
+            renderer,
+        ],
     )
     structlog.configure(
-        processors=[*processors, renderer],
-        wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        processors=[*shared, structlog.stdlib.ProcessorFormatter.wrap_for_formatter],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.stdlib.LoggerFactory(),
+        # Not cached: a reconfiguration (another level, another stream) reaches loggers already in use.
+        cache_logger_on_first_use=False,
     )
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter)
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(numeric)
+    # Libraries that install their own handlers would print around the pipeline: send them through it.
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        library = logging.getLogger(name)
+        library.handlers.clear()
+        library.propagate = True
+    return redactor
 
 
 def quiet_sdk_loggers() -> None:

@@ -97,7 +97,11 @@ class Settings(BaseSettings):
 
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8080, ge=0, le=65535)
+    # The admin listener (Prometheus `/metrics`, `/healthz`); loopback by default, 0 turns it off.
     metrics_port: int = Field(default=9108, ge=0, le=65535)
+    metrics_host: str = "127.0.0.1"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    access_log: bool = True
 
     # Overrides of the profile (a deployment's own hosts and addresses).
     chain_id: str | None = None
@@ -159,6 +163,11 @@ class Settings(BaseSettings):
                 return json.loads(value)
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
 
     @field_validator("gateway_urls", mode="before")
     @classmethod

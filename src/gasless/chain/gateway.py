@@ -15,7 +15,7 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,6 +127,8 @@ class GatewayClient:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
         self._preferred = 0  # index of the gateway that answered last: reads start there
+        # Called with (gateway URL, kind) for every answer that is not the node speaking (metrics).
+        self.on_failure: Callable[[str, str], None] | None = None
 
     @property
     def preferred_url(self) -> str:
@@ -145,11 +147,24 @@ class GatewayClient:
                 timeout=self._timeout,
             ) as response:
                 raw = await response.read()
-                return _classify(response.status, raw)
+                answer = _classify(response.status, raw)
         except TimeoutError:
+            self._failed(url, "timeout")
             return _Answer("retry", message=f"timed out after {self.timeout_ms} ms")
         except aiohttp.ClientError as exc:
+            self._failed(url, "connection")
             return _Answer("retry", message=f"{type(exc).__name__}: {exc}")
+        if answer.kind == "retry":
+            status = answer.status or 0
+            self._failed(
+                url,
+                "throttled" if status in _RETRYABLE_4XX else "http_5xx" if status >= 500 else "bad_answer",
+            )
+        return answer
+
+    def _failed(self, url: str, kind: str) -> None:
+        if self.on_failure is not None:
+            self.on_failure(url, kind)
 
     async def _call(self, method: str, path: str, params: Mapping[str, str] | None, body: Any) -> Any:
         if not path.startswith("/"):

@@ -278,6 +278,12 @@ async def snapshot(request: web.Request) -> web.Response:
     )
 
 
+async def submissions(request: web.Request) -> web.Response:
+    """How many times a transaction was sent to this network (every gateway, accepted or not)."""
+    tx_hash = request.match_info["tx_hash"].lower()
+    return ok({"txHash": tx_hash, "submissions": request.app[CHAIN_KEY].submissions.get(tx_hash, 0)})
+
+
 async def produce_rounds(request: web.Request) -> web.Response:
     chain = request.app[CHAIN_KEY]
     body = await _body(request)
@@ -298,4 +304,5 @@ def add_admin_routes(app: web.Application) -> None:
     r.add_delete("/localnet/faults", clear_faults)
     r.add_post("/localnet/guardian", set_guardian)
     r.add_get("/localnet/snapshot", snapshot)
+    r.add_get("/localnet/submissions/{tx_hash}", submissions)
     r.add_post("/localnet/rounds", produce_rounds)

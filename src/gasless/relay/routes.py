@@ -163,7 +163,7 @@ async def _intent_for_slot(request: Request, sender: str, nonce: int) -> Intent:
         ) from None
     if nonce >= 2**63:
         raise ApiError("MALFORMED_REQUEST", detail="nonce is an int64", details={"field": "nonce"})
-    round_ms = host.network.params.round_duration_ms
+    round_ms = host.relay.network.params.round_duration_ms  # 503 while starting
     row = await host.repo.by_slot(sender, nonce)
     if row is not None:
         return intent_from_row(row, round_ms)

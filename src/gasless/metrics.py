@@ -1,0 +1,242 @@
+"""Prometheus metrics of one API host: one registry per app, served on the admin port only.
+
+- request latency per route template and status class (a pure-ASGI middleware; also the access log);
+- relay stage timings, observed when a stage's closing transition is published on the intent bus;
+- gateway failures by gateway and kind (the gateway client reports each answer that is not the node's);
+- queue depths and singleton leadership, read from the host at scrape time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_app
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gasless.relay.events import IntentBus
+
+log = structlog.get_logger("gasless.http.access")
+
+ASGIApp = Callable[..., Any]
+
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.8, 1.0, 2.5, 5.0, 10.0)
+STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+UNMATCHED_ROUTE = "<unmatched>"  # never the raw path: arbitrary paths would be unbounded label values
+PROBE_ROUTES = frozenset({"/healthz", "/readyz"})
+
+
+class HostMetrics:
+    """The metrics of one host, registered in its own `CollectorRegistry`."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Histogram(
+            "gasless_http_request_duration_seconds",
+            "API request latency until the response is complete (event streams: until the headers).",
+            ("method", "route", "status_class"),
+            buckets=REQUEST_BUCKETS,
+            registry=self.registry,
+        )
+        self.stages = Histogram(
+            "gasless_relay_stage_seconds",
+            "Relay stage durations of the intents this host moved (spec stage figures).",
+            ("stage",),
+            buckets=STAGE_BUCKETS,
+            registry=self.registry,
+        )
+        self.transitions = Counter(
+            "gasless_intent_transitions",
+            "Intent state changes this host made, by the state entered.",
+            ("state",),
+            registry=self.registry,
+        )
+        self.gateway_errors = Counter(
+            "gasless_gateway_errors",
+            "Gateway requests without a node's answer, by gateway and kind.",
+            ("gateway", "kind"),
+            registry=self.registry,
+        )
+
+    # Relay stages -----------------------------------------------------------------------------------
+    def observe_intent(self, row: Any) -> None:
+        """Observe the stage figures a published intent change closes (each change is published once)."""
+        state = row.state
+        self.transitions.labels(state).inc()
+        received, cosigned = row.received_at_ms, row.cosigned_at_ms
+        broadcast, executed, finalized = row.broadcast_at_ms, row.executed_block_ts_ms, row.finalized_at_ms
+        if state == "BROADCAST" or (state == "EXECUTED" and broadcast is None):
+            # The first change after the commit: how long the service took before the network had it.
+            self._stage("acceptToCosign", received, cosigned)
+            self._stage("cosignToBroadcast", cosigned, broadcast)
+            self._stage("added", received, broadcast)
+        if state == "EXECUTED":
+            self._stage("inclusion", received, executed)
+        elif state == "FINALIZED":
+            self._stage("finality", executed, finalized)
+            self._stage("total", received, finalized)
+
+    def _stage(self, stage: str, start_ms: int | None, end_ms: int | None) -> None:
+        # A null input gives a null figure, left out (spec: "Stage timing").
+        if start_ms is None or end_ms is None:
+            return
+        self.stages.labels(stage).observe(max(0, int(end_ms) - int(start_ms)) / 1000)
+
+    def gateway_failed(self, url: str, kind: str) -> None:
+        """GatewayClient.on_failure: an answer that was not the node speaking (timeout, connection,
+        http_5xx, throttled, bad_answer). A node's verdict (`transaction not found`) is not an error."""
+        self.gateway_errors.labels(url, kind).inc()
+
+
+class MeteredIntentBus(IntentBus):
+    """The intent bus, also observing stage timings: every state change a host makes is published once,
+    by the host whose guarded update won, so each figure is observed once across hosts."""
+
+    def __init__(self, metrics: HostMetrics) -> None:
+        super().__init__()
+        self.metrics = metrics
+
+    def publish(self, row: Any) -> None:
+        super().publish(row)
+        try:
+            self.metrics.observe_intent(row)
+        except Exception as exc:  # a metric must never break the publisher
+            log.warning("stage metrics failed", error=type(exc).__name__)
+
+
+class HostCollector(Collector):
+    """Queue depths and leadership, read at scrape time from `read()`: {name: value or {label: value}}."""
+
+    def __init__(self, read: Callable[[], dict[str, Any]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        values = self.read()
+        yield GaugeMetricFamily(
+            "gasless_broadcaster_pending_sends",
+            "Sends of this host still waiting for a gateway's first answer.",
+            value=values.get("pending_sends", 0),
+        )
+        yield GaugeMetricFamily(
+            "gasless_tracker_in_flight",
+            "Intents this host's tracker is following (its own, plus adopted ones while it leads recovery).",
+            value=values.get("tracked", 0),
+        )
+        leader = GaugeMetricFamily(
+            "gasless_singleton_leader",
+            "1 while this host runs the singleton worker of `role` (holds its advisory lock), else 0.",
+            labels=("role",),
+        )
+        for role, leads in sorted(values.get("leader", {}).items()):
+            leader.add_metric((role,), 1.0 if leads else 0.0)
+        yield leader
+        yield GaugeMetricFamily(
+            "gasless_host_ready",
+            "1 once the host restored its state (the restore check is ok).",
+            value=values.get("ready", 0),
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+class MetricsMiddleware:
+    """Pure ASGI: the request latency histogram and one access-log line per request.
+
+    The route label is the matched route's template (`/v1/relay/{id}`), never the raw path. Event streams
+    are timed until their headers: their lifetime is the client's choice, not our latency.
+    """
+
+    def __init__(self, app: ASGIApp, metrics: HostMetrics, *, host_id: str, access_log: bool = True) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.host_id = host_id
+        self.access_log = access_log
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+        structlog.contextvars.bind_contextvars(host_id=self.host_id)
+        observed = False
+
+        def finish() -> None:
+            nonlocal observed
+            if observed:
+                return
+            observed = True
+            elapsed = time.perf_counter() - started
+            route = getattr(scope.get("route"), "path", None) or UNMATCHED_ROUTE
+            self.metrics.requests.labels(scope["method"], route, f"{status // 100}xx").observe(elapsed)
+            if self.access_log:
+                # Probes would drown the log: health and readiness answers are logged at debug level.
+                emit = log.debug if route in PROBE_ROUTES else log.info
+                fields: dict[str, Any] = {
+                    "method": scope["method"],
+                    "route": route,
+                    "path": scope.get("path", ""),  # never the query string: it may carry a ticket
+                    "status": status,
+                    "duration_ms": round(elapsed * 1000, 2),
+                }
+                if logging.getLogger().isEnabledFor(logging.DEBUG):
+                    # For debugging clients; credentials are masked by the log redaction (by name).
+                    fields["headers"] = {
+                        name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]
+                    }
+                emit("request", **fields)
+
+        async def send_timed(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+                await send(message)
+                headers = dict(message.get("headers") or ())
+                if headers.get(b"content-type", b"").startswith(b"text/event-stream"):
+                    finish()
+                return
+            await send(message)
+            if message["type"] == "http.response.body" and not message.get("more_body", False):
+                finish()
+
+        try:
+            await self.app(scope, receive, send_timed)
+        finally:
+            finish()
+
+
+def admin_app(registry: CollectorRegistry) -> ASGIApp:
+    """The admin port's application: `/metrics` (Prometheus text format) and `/healthz`, nothing else."""
+    metrics = make_asgi_app(registry)
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        path = scope.get("path", "")
+        if path == "/metrics":
+            await metrics(scope, receive, send)
+            return
+        status, body = (200, b"ok\n") if path == "/healthz" else (404, b"not found\n")
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"text/plain; charset=utf-8")],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    return app

@@ -1,0 +1,517 @@
+"""Two real `gasless serve` processes (hosts a and b) on one PostgreSQL and one Redis, against one
+`gasless localnet` process: each accepts what the other issued, one broadcast for bytes sent to both, the
+singleton workers move when their host is killed and the survivor finishes the dead host's intents,
+metrics on the admin port, and log lines that never carry a secret.
+
+The processes are shared by the module; the SIGKILL test is the last one (it kills host b).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+from conftest import MASTER_SECRET, key_in_shard  # type: ignore[import-not-found]
+from multiversx_sdk import Transaction, TransactionComputer, UserPEM, UserSecretKey
+from prometheus_client.parser import text_string_to_metric_families
+
+from gasless.chain.addresses import address_of, parse_address
+from gasless.chain.codec import signing_bytes
+from gasless.localnet.genesis import load_or_create_wallet
+from gasless.localnet.owner import owner_call, unpause
+from gasless.relay.checks import presence_message
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+_computer = TransactionComputer()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(check: Any, what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except requests.RequestException as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not reached (last: {last!r})")
+
+
+async def _pg(url: str, sql: str) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@dataclass
+class Host:
+    host_id: str
+    base: str
+    metrics: str
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+
+    def get(self, path: str, **kwargs: Any) -> requests.Response:
+        return requests.get(f"{self.base}{path}", timeout=10, **kwargs)
+
+    def post(self, path: str, body: Any, **kwargs: Any) -> requests.Response:
+        return requests.post(f"{self.base}{path}", json=body, timeout=10, **kwargs)
+
+    def scrape(self) -> dict[str, Any]:
+        """{sample name: [(labels, value)]} from the admin port."""
+        text = requests.get(f"{self.metrics}/metrics", timeout=5).text
+        samples: dict[str, Any] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+        return samples
+
+
+@dataclass
+class Cluster:
+    gateway: str
+    info: dict[str, Any]
+    owner: Any
+    hosts: dict[str, Host] = field(default_factory=dict)
+    secrets: list[str] = field(default_factory=list)  # values no log line may contain
+
+    def grant(self, key: UserSecretKey) -> None:
+        address = address_of(key.generate_public_key().buffer)
+        asyncio.run(owner_call(self.gateway, self.owner, self.info["contract"], "grant", [address, 3, 1]))
+
+    def faults(self, body: dict[str, Any]) -> None:
+        requests.post(f"{self.gateway}/localnet/faults", json=body, timeout=5).raise_for_status()
+
+    def submissions(self, tx_hash: str) -> int:
+        answer = requests.get(f"{self.gateway}/localnet/submissions/{tx_hash}", timeout=5).json()
+        return int(answer["data"]["submissions"])
+
+    def relayer_signature(self, tx: Transaction) -> str:
+        """The relayer's signature over `tx` (Ed25519 is deterministic: the one the hosts made)."""
+        wanted = tx.relayer.to_bech32()
+        for entry in self.info["relayers"]:
+            if entry["address"] == wanted:
+                key = UserPEM.from_file(Path(entry["pem"])).secret_key
+                return str(key.sign(signing_bytes(tx)).hex())
+        raise AssertionError(f"{wanted} is not a localnet relayer")
+
+
+def _spawn_host(cluster: Cluster, tmp: Path, host_id: str, database_url: str, redis_url: str) -> Host:
+    port, metrics_port = free_port(), free_port()
+    log_path = tmp / f"host-{host_id}.log"
+    info = cluster.info
+    env = {
+        **os.environ,
+        "GASLESS_PROFILE": "localnet",
+        "GASLESS_HOST_ID": host_id,
+        "GASLESS_MASTER_SECRET": MASTER_SECRET,
+        "GASLESS_GATEWAY_URLS": json.dumps([cluster.gateway]),
+        "GASLESS_DATABASE_URL": database_url,
+        "GASLESS_REDIS_URL": redis_url,
+        "GASLESS_DATA_DIR": str(tmp / f"data-{host_id}"),
+        "GASLESS_CONTRACT_ADDRESS": info["contract"],
+        "GASLESS_PAIR_ADDRESS": info["pair"],
+        "GASLESS_WRAPPER_ADDRESS": info["wrapper"],
+        "GASLESS_RELAYER_KEY_FILES": json.dumps([r["pem"] for r in info["relayers"]]),
+        "GASLESS_API_BASE_URL": f"http://127.0.0.1:{port}",
+        "GASLESS_APP_ORIGIN": "http://127.0.0.1:3000",
+        "GASLESS_METRICS_PORT": str(metrics_port),
+        "GASLESS_LOG_LEVEL": "DEBUG",
+        "GASLESS_SIGNER_FENCE_TTL_MS": "2000",
+        "GASLESS_RELAYER_REFRESH_MS": "500",
+    }
+    env.pop("GASLESS_CONFIG", None)
+    with log_path.open("wb") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gasless.cli", "serve", "--port", str(port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+        )
+    host = Host(host_id, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}", log_path, proc)
+    wait_until(lambda: host.get("/readyz").status_code == 200, f"host {host_id} ready")
+    return host
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    server_url = os.environ.get("GASLESS_TEST_POSTGRES_URL")
+    redis_url = os.environ.get("GASLESS_TEST_REDIS_URL")
+    if not server_url or not redis_url:
+        pytest.skip("two-host suite skipped: needs GASLESS_TEST_POSTGRES_URL and GASLESS_TEST_REDIS_URL")
+    tmp = tmp_path_factory.mktemp("two-hosts")
+    name = f"gasless_two_hosts_{uuid.uuid4().hex[:10]}"
+    asyncio.run(_pg(server_url, f'CREATE DATABASE "{name}"'))
+    database_url = f"{server_url.rsplit('/', 1)[0]}/{name}"
+    gateway_port = free_port()
+    localnet = subprocess.Popen(
+        [
+            sys.executable, "-m", "gasless.cli", "localnet",
+            "--port", str(gateway_port), "--data-dir", str(tmp), "--round-ms", "100",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    procs = [localnet]
+    try:
+        gateway = f"http://127.0.0.1:{gateway_port}"
+        info = wait_until(
+            lambda: requests.get(f"{gateway}/localnet/info", timeout=2).json()["data"], "localnet"
+        )
+        owner = load_or_create_wallet(Path(info["ownerPem"]).parent, "owner")
+        asyncio.run(unpause(gateway, owner, info["contract"]))
+        cluster = Cluster(gateway, info, owner, secrets=[MASTER_SECRET])
+        # b first: it takes the singleton roles, which the last test moves by killing it.
+        for host_id in ("b", "a"):
+            host = _spawn_host(cluster, tmp, host_id, database_url, redis_url)
+            procs.append(host.proc)
+            cluster.hosts[host_id] = host
+        yield cluster
+    finally:
+        for proc in reversed(procs):
+            _stop(proc)
+        asyncio.run(_pg(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+# Helpers ------------------------------------------------------------------------------------------------
+def proof(key: UserSecretKey, sender: str) -> dict[str, Any]:
+    now = int(time.time() * 1000)
+    return {
+        "kind": "key",
+        "serverTimeMs": now,
+        "signature": key.sign(presence_message("localnet", sender, now)).hex(),
+    }
+
+
+def new_sender(cluster: Cluster, *, plan: bool = True) -> tuple[UserSecretKey, str]:
+    key = key_in_shard(1)
+    if plan:
+        cluster.grant(key)
+    return key, address_of(key.generate_public_key().buffer).to_bech32()
+
+
+def assign(cluster: Cluster, host: Host, key: UserSecretKey, sender: str, **headers: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"sender": sender}
+    if "Authorization" not in headers:
+        body["proof"] = proof(key, sender)
+        cluster.secrets.append(body["proof"]["signature"])
+    answer = host.post("/v1/relay/assign", body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    cluster.secrets.append(answer.json()["lease"])
+    return dict(answer.json())
+
+
+def signed(cluster: Cluster, key: UserSecretKey, assignment: dict[str, Any], nonce: int = 0) -> Transaction:
+    tx = Transaction(
+        sender=address_of(key.generate_public_key().buffer),
+        receiver=address_of(key_in_shard(1).generate_public_key().buffer),
+        gas_limit=100_000,
+        chain_id="localnet",
+        nonce=nonce,
+        version=2,
+        relayer=parse_address(assignment["relayer"]),
+    )
+    tx.signature = key.sign(_computer.compute_bytes_for_signing(tx))
+    cluster.secrets += [tx.signature.hex(), cluster.relayer_signature(tx)]
+    return tx
+
+
+def wait_state(host: Host, ident: str, state: str) -> dict[str, Any]:
+    def reached() -> Any:
+        body = host.get(f"/v1/relay/{ident}").json()
+        return body if body.get("state") == state else None
+
+    return dict(wait_until(reached, f"{ident} {state} on host {host.host_id}"))
+
+
+def logged(host: Host, request_ids: list[str]) -> str | None:
+    """The host's log once every one of `request_ids` is in it."""
+    text = host.log_path.read_text()
+    return text if all(request_id in text for request_id in request_ids) else None
+
+
+# Tests ------------------------------------------------------------------------------------------------
+def test_hosts_report_their_identity_readiness_and_leadership(cluster: Cluster) -> None:
+    a, b = cluster.hosts["a"], cluster.hosts["b"]
+    health = {h.host_id: h.get("/healthz").json() for h in (a, b)}
+    assert health["a"]["hostId"] == "a" and health["b"]["hostId"] == "b"
+    # Stream event ids (`<hostId>.<bootEpochMs>.<seq>`) differ per host and per process start.
+    assert health["a"]["bootEpochMs"] > health["b"]["bootEpochMs"]
+    ready = {h.host_id: h.get("/readyz") for h in (a, b)}
+    for answer in ready.values():
+        assert answer.status_code == 200
+        assert answer.json()["checks"] == {
+            "restore": "ok", "database": "ok", "gateway": "ok", "redis": "ok", "clock": "ok", "signer": "ok",
+        }  # fmt: skip
+    # Each singleton runs on exactly one host: b, which started first.
+    assert ready["b"].json()["singletons"] == {"retention": "leader", "intent-recovery": "leader"}
+    assert ready["a"].json()["singletons"] == {"retention": "standby", "intent-recovery": "standby"}
+
+
+def test_a_lease_minted_on_a_is_accepted_on_b(cluster: Cluster) -> None:
+    a, b = cluster.hosts["a"], cluster.hosts["b"]
+    key, sender = new_sender(cluster)
+    assignment = assign(cluster, a, key, sender)
+    tx = signed(cluster, key, assignment)
+    relayed = b.post("/v1/relay", {"tx": tx.to_dictionary(), "lease": assignment["lease"]})
+    assert relayed.status_code in (200, 202), relayed.text
+    assert relayed.json()["duplicate"] is False
+    # Either host answers for the intent (one shared database).
+    final = wait_state(a, relayed.json()["txHash"], "FINALIZED")
+    assert final["outcome"] == "success" and final["id"] == f"{sender}:0"
+
+
+def test_same_bytes_on_both_hosts_are_broadcast_once(cluster: Cluster) -> None:
+    a, b = cluster.hosts["a"], cluster.hosts["b"]
+    key, sender = new_sender(cluster)
+    assignment = assign(cluster, b, key, sender)
+    body = {"tx": signed(cluster, key, assignment).to_dictionary(), "lease": assignment["lease"]}
+    barrier = threading.Barrier(2)
+    answers: dict[str, requests.Response] = {}
+
+    def send(host: Host) -> None:
+        barrier.wait()
+        answers[host.host_id] = host.post("/v1/relay", body)
+
+    threads = [threading.Thread(target=send, args=(h,)) for h in (a, b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert {h: r.status_code in (200, 202) for h, r in answers.items()} == {"a": True, "b": True}, [
+        r.text for r in answers.values()
+    ]
+    documents = [r.json() for r in answers.values()]
+    assert sorted(d["duplicate"] for d in documents) == [False, True]
+    assert documents[0]["txHash"] == documents[1]["txHash"]
+    tx_hash = documents[0]["txHash"]
+    wait_state(b, tx_hash, "FINALIZED")
+    assert cluster.submissions(tx_hash) == 1
+
+
+def test_native_auth_api_key_and_errors_leave_no_secret_in_any_log_line(cluster: Cluster) -> None:
+    from gasless.client.native_auth import make_native_auth_token
+
+    a, b = cluster.hosts["a"], cluster.hosts["b"]
+    native = a.get("/v1/network").json()["nativeAuth"]
+    key, sender = new_sender(cluster)
+    token = make_native_auth_token(
+        key, origin=native["origins"][0], block_hash=native["blockHash"], ttl_seconds=600
+    )
+    api_key = f"gls_test_{uuid.uuid4().hex}"
+    cluster.secrets += [token, api_key]
+    # A native-auth token made against a's network view is accepted on b.
+    assignment = assign(cluster, b, key, sender, Authorization=f"Bearer {token}")
+    tx = signed(cluster, key, assignment)
+    relayed = a.post(
+        "/v1/relay", {"tx": tx.to_dictionary(), "lease": assignment["lease"]}, headers={"X-Api-Key": api_key}
+    )
+    assert relayed.status_code in (200, 202), relayed.text
+    request_ids = {"a": [relayed.headers["Relay-Request-Id"]], "b": []}
+    # Refusals carrying secrets: a forged lease, a broken token, a wrong proof signature.
+    forged = assignment["lease"][:-4] + ("AAAA" if not assignment["lease"].endswith("AAAA") else "BBBB")
+    cluster.secrets.append(forged)
+    other = signed(cluster, key, assignment, nonce=1)
+    bad_lease = b.post(
+        "/v1/relay", {"tx": other.to_dictionary(), "lease": forged}, headers={"X-Api-Key": api_key}
+    )
+    assert bad_lease.status_code == 403 and bad_lease.json()["code"] == "LEASE_INVALID", bad_lease.text
+    bad_token = b.post("/v1/relay/assign", {"sender": sender}, headers={"Authorization": f"Bearer {token}x"})
+    assert bad_token.status_code == 401 and bad_token.json()["code"] == "TOKEN_INVALID"
+    wrong = proof(key_in_shard(1), sender)
+    cluster.secrets.append(wrong["signature"])
+    bad_proof = a.post("/v1/relay/assign", {"sender": sender, "proof": wrong})
+    assert bad_proof.status_code == 401 and bad_proof.json()["code"] == "ASSIGN_PROOF_INVALID"
+    request_ids["b"] += [bad_lease.headers["Relay-Request-Id"], bad_token.headers["Relay-Request-Id"]]
+    request_ids["a"].append(bad_proof.headers["Relay-Request-Id"])
+    wait_state(a, relayed.json()["txHash"], "FINALIZED")
+
+    for host in (a, b):
+        text = wait_until(lambda h=host: logged(h, request_ids[h.host_id]), f"host {host.host_id} logs")
+        lines = [json.loads(line) for line in text.splitlines() if line.strip()]  # every line is JSON
+        # Library records (uvicorn, asyncio, redis) come through the same JSON pipeline, at DEBUG too.
+        assert {"uvicorn.error", "asyncio"} <= {line.get("logger") for line in lines}
+        assert any(line["level"] == "debug" for line in lines)
+        for request_id in request_ids[host.host_id]:
+            access = [x for x in lines if x.get("request_id") == request_id and x.get("event") == "request"]
+            assert len(access) == 1 and access[0]["host_id"] == host.host_id, access
+            assert access[0]["route"].startswith("/v1/relay") and access[0]["status"] >= 200
+        leaked = [secret for secret in cluster.secrets if secret in text]
+        assert leaked == [], f"host {host.host_id} logged secrets: {[s[:12] for s in leaked]}"
+        assert "[redacted]" in text  # the redaction did have something to mask
+
+
+def test_metrics_on_the_admin_port_after_relays(cluster: Cluster) -> None:
+    scraped = {h: cluster.hosts[h].scrape() for h in ("a", "b")}
+    for host_id, samples in scraped.items():
+        relay_counts = [
+            value
+            for labels, value in samples["gasless_http_request_duration_seconds_count"]
+            if labels == {"method": "POST", "route": "/v1/relay", "status_class": "2xx"}
+        ]
+        assert relay_counts and relay_counts[0] >= 1, host_id
+        buckets = [
+            labels["le"]
+            for labels, _ in samples["gasless_http_request_duration_seconds_bucket"]
+            if labels["route"] == "/v1/relay"
+        ]
+        assert "0.8" in buckets and "+Inf" in buckets
+        assert samples["gasless_tracker_in_flight"][0][1] >= 0
+        assert samples["gasless_broadcaster_pending_sends"][0][1] >= 0
+    # Stage figures are observed by the host that moved the intent; together they saw every relay.
+    stages: dict[str, float] = {}
+    for samples in scraped.values():
+        for labels, value in samples["gasless_relay_stage_seconds_count"]:
+            stages[labels["stage"]] = stages.get(labels["stage"], 0) + value
+    assert stages["acceptToCosign"] >= 3 and stages["added"] >= 3 and stages["total"] >= 3, stages
+    leader = {
+        h: {labels["role"]: value for labels, value in scraped[h]["gasless_singleton_leader"]}
+        for h in scraped
+    }
+    assert leader == {
+        "b": {"retention": 1.0, "intent-recovery": 1.0},
+        "a": {"retention": 0.0, "intent-recovery": 0.0},
+    }
+    # The admin port serves metrics and health only; the API port does not serve metrics.
+    a = cluster.hosts["a"]
+    assert requests.get(f"{a.metrics}/healthz", timeout=5).status_code == 200
+    assert requests.get(f"{a.metrics}/v1/network", timeout=5).status_code == 404
+    assert a.get("/metrics").status_code == 404
+
+
+def test_killing_the_leader_moves_the_singletons_and_the_survivor_finishes_its_intents(
+    cluster: Cluster,
+) -> None:
+    a, b = cluster.hosts["a"], cluster.hosts["b"]
+    key, sender = new_sender(cluster)
+    assignment = assign(cluster, b, key, sender)
+    tx = signed(cluster, key, assignment)
+    # Hold every send at the gateway: b commits, no gateway acknowledges, then b dies.
+    cluster.faults({"gateway": {"latencyMs": {"/transaction/send": 120_000}}})
+    try:
+        relayed = b.post("/v1/relay", {"tx": tx.to_dictionary(), "lease": assignment["lease"]})
+        assert relayed.status_code == 202 and relayed.json()["state"] == "COSIGNED", relayed.text
+        b.proc.send_signal(signal.SIGKILL)
+        b.proc.wait(10)
+    finally:
+        cluster.faults({"gateway": {"latencyMs": {}}})
+    tx_hash = relayed.json()["txHash"]
+
+    def a_leads() -> Any:
+        body = a.get("/readyz").json()
+        return body if body["singletons"] == {"retention": "leader", "intent-recovery": "leader"} else None
+
+    wait_until(a_leads, "a takes the singleton roles over")
+    # b's intent, never acknowledged by a gateway, is re-broadcast and followed to the end by a.
+    final = wait_state(a, tx_hash, "FINALIZED")
+    assert final["outcome"] == "success"
+    assert final["cosignedAtMs"] == relayed.json()["intent"]["cosignedAtMs"]
+    assert cluster.submissions(tx_hash) >= 1
+    leader = {labels["role"]: value for labels, value in a.scrape()["gasless_singleton_leader"]}
+    assert leader == {"retention": 1.0, "intent-recovery": 1.0}
+    adopted = [json.loads(line) for line in a.log_path.read_text().splitlines() if "adopting" in line]
+    assert adopted and adopted[-1]["hosts"] == ["b"]
+
+
+# `gasless up --hosts 2` ------------------------------------------------------------------------------------
+def port_pair() -> int:
+    """A port p with p and p + 1 both free."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two consecutive free ports")
+
+
+def test_up_with_two_hosts_refuses_sqlite(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GASLESS_DATABASE_URL"}
+    result = subprocess.run(
+        [sys.executable, "-m", "gasless.cli", "up", "--hosts", "2", "--data-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**env, "COLUMNS": "200"},
+    )
+    assert result.returncode == 2
+    assert "two hosts need PostgreSQL" in result.stderr and "--database-url" in result.stderr
+    assert not (tmp_path / "localnet").exists()  # refused before anything started
+
+
+def test_up_with_two_hosts_serves_a_and_b(tmp_path: Path, postgres_url: str, redis_url: str) -> None:
+    api, metrics, localnet_port = port_pair(), port_pair(), free_port()
+    log_path = tmp_path / "up.log"
+    with log_path.open("w") as output:
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-m", "gasless.cli", "up", "--hosts", "2",
+                "--port", str(api), "--metrics-port", str(metrics), "--localnet-port", str(localnet_port),
+                "--database-url", postgres_url, "--redis-url", redis_url,
+                "--data-dir", str(tmp_path / "var"), "--round-ms", "100",
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "COLUMNS": "200"},
+        )  # fmt: skip
+    try:
+        bases = {"a": f"http://127.0.0.1:{api}", "b": f"http://127.0.0.1:{api + 1}"}
+        for host_id, base in bases.items():
+            wait_until(lambda b=base: requests.get(f"{b}/readyz", timeout=2).status_code == 200, host_id)
+            assert requests.get(f"{base}/healthz", timeout=2).json()["hostId"] == host_id
+        leaders = []
+        for port in (metrics, metrics + 1):
+            text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            leaders.append('gasless_singleton_leader{role="retention"} 1.0' in text)
+        assert sorted(leaders) == [False, True]  # exactly one host runs the retention singleton
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    printed = log_path.read_text()
+    assert proc.returncode == 0, printed
+    assert bases["a"] in printed and bases["b"] in printed
+    assert f"http://127.0.0.1:{metrics + 1}/metrics" in printed
+    # Ctrl-C stopped everything: nothing answers any more.
+    for port in (api, api + 1, localnet_port):
+        with pytest.raises(requests.ConnectionError):
+            requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
