@@ -32,9 +32,9 @@ from gasless.errors import ApiError
 from gasless.limits import RouteLimiter, RouteLimitTable, local_route_limiter
 from gasless.limits_redis import redis_backends, redis_namespace
 from gasless.logs import quiet_sdk_loggers
+from gasless.metrics import HostCollector, HostMetrics, MeteredIntentBus, MetricsMiddleware
 from gasless.openapi import install_openapi
 from gasless.pages import CursorCodec
-from gasless.metrics import HostCollector, HostMetrics, MeteredIntentBus, MetricsMiddleware
 from gasless.problems import RequestIdMiddleware, install_problem_handlers
 from gasless.relay import routes as relay_routes
 from gasless.relay.assign import AssignService
