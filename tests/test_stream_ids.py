@@ -5,14 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gasless.app import HostState
+from gasless.app import HostState, create_app
 from gasless.settings import Settings
 
 
 def test_event_ids_resume_only_on_the_process_that_issued_them(tmp_path: Path) -> None:
-    a = HostState(settings=Settings(data_dir=tmp_path, host_id="a"), boot_epoch_ms=1_700_000_000_000)
-    b = HostState(settings=Settings(data_dir=tmp_path, host_id="b"), boot_epoch_ms=1_700_000_000_000)
-    restarted = HostState(settings=a.settings, boot_epoch_ms=1_700_000_000_001)
+    def host(host_id: str, boot_epoch_ms: int) -> HostState:
+        state: HostState = create_app(Settings(data_dir=tmp_path, host_id=host_id)).state.host
+        state.boot_epoch_ms = boot_epoch_ms
+        return state
+
+    a = host("a", 1_700_000_000_000)
+    b = host("b", 1_700_000_000_000)
+    restarted = host("a", 1_700_000_000_001)
     issued = a.stream_event_id(42)
     assert issued == "a.1700000000000.42"
     assert a.resumable_seq(issued) == 42
