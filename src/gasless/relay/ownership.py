@@ -105,7 +105,9 @@ class OrphanAdopter(Worker):
     async def adopt_once(self) -> frozenset[str]:
         others = await self.repo.hosts_with_in_flight()
         gone = frozenset(others - await self.runner.present(others))
-        if gone != self.repo.adopted:
+        if gone - self.repo.adopted:
             log.info("adopting in-flight intents of hosts that are gone", hosts=sorted(gone))
+        elif self.repo.adopted - gone:
+            log.info("adopted intents settled or their hosts came back", hosts=sorted(self.repo.adopted - gone))
         self.repo.adopted = gone
         return gone
