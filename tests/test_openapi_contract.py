@@ -258,7 +258,9 @@ def test_security_schemes_and_requirements(document: dict[str, Any]) -> None:
     by_id = {operation["operationId"]: operation for _, _, operation in operations(document)}
     assert by_id["relayTransaction"]["security"] == [{}, {"apiKey": []}]
     assert by_id["assignRelayer"]["security"] == [{}, {"nativeAuth": []}]
-    public = set(by_id) - {"relayTransaction", "assignRelayer"}
+    native_auth_only = {"getMe", "listApiKeys", "createApiKey", "updateApiKey", "revokeApiKey"}
+    assert all(by_id[op_id]["security"] == [{"nativeAuth": []}] for op_id in native_auth_only)
+    public = set(by_id) - {"relayTransaction", "assignRelayer"} - native_auth_only
     assert public and all(by_id[op_id]["security"] == [] for op_id in public)
     for op_id, operation in by_id.items():
         headers = {p["name"].lower() for p in operation.get("parameters", []) if p["in"] == "header"}

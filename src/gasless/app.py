@@ -21,7 +21,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gasless import __version__
 from gasless.accounts import routes as account_routes
 from gasless.accounts.senders import SenderListing
+from gasless.auth import routes as auth_routes
 from gasless.auth.native_auth import NativeAuthVerifier
+from gasless.auth.origins import OriginMiddleware, OriginPolicy
+from gasless.auth.roles import AccountRoles
 from gasless.body_limit import BodyLimitMiddleware
 from gasless.chain.gateway import GatewayClient
 from gasless.chain.network import NetworkView
@@ -29,6 +32,9 @@ from gasless.crypto import PurposeKeys
 from gasless.db import create_engine, ping, upgrade
 from gasless.db.leader import SingletonRunner
 from gasless.errors import ApiError
+from gasless.keys import routes as key_routes
+from gasless.keys.repository import ApiKeyRepository
+from gasless.keys.service import ApiKeyService
 from gasless.limits import RouteLimiter, RouteLimitTable, local_route_limiter
 from gasless.limits_redis import redis_backends, redis_namespace
 from gasless.logs import quiet_sdk_loggers
@@ -100,6 +106,10 @@ class HostState:
     mirror: ContractMirror | None = None
     native_auth: NativeAuthVerifier | None = None
     sender_listing: SenderListing | None = None
+    # Authentication: browser origins, roles on accounts, sponsor API keys.
+    origin_policy: OriginPolicy | None = None
+    account_roles: AccountRoles | None = None
+    api_key_service: ApiKeyService | None = None
     startup_error: str | None = None
 
     # Account-stream event ids (spec "Account stream" 3-4): `<hostId>.<bootEpochMs>.<seq>`. Only ids this
@@ -139,6 +149,23 @@ class HostState:
     @property
     def senders(self) -> SenderListing:
         return self._require(self.sender_listing)  # type: ignore[no-any-return]
+
+    @property
+    def token_verifier(self) -> NativeAuthVerifier:
+        return self._require(self.native_auth)  # type: ignore[no-any-return]
+
+    @property
+    def roles(self) -> AccountRoles:
+        return self._require(self.account_roles)  # type: ignore[no-any-return]
+
+    @property
+    def api_keys(self) -> ApiKeyService:
+        # Needs only the database: usable before the relay core is restored.
+        if self.api_key_service is None:
+            raise ApiError(
+                "UPSTREAM_UNAVAILABLE", detail="this host is starting", details={"retryAfterMs": 1_000}
+            )
+        return self.api_key_service
 
 
 async def _gateway_answers(state: HostState) -> bool:
@@ -282,6 +309,7 @@ async def _start_relay_core(
     state.relay_service, state.assign_service = relay, assign
     state.quote_service = QuoteService(network, mirror)
     state.mirror, state.native_auth = mirror, native_auth
+    state.account_roles = AccountRoles(mirror)
     state.sender_listing = SenderListing(mirror, state.cursors)
     state.startup_error = None
     state.restored = True
@@ -313,6 +341,7 @@ def create_app(
         keys=keys,
         limits=local_route_limiter(route_limits),
         cursors=CursorCodec(keys),
+        origin_policy=OriginPolicy.from_settings(settings),
     )
     quiet_sdk_loggers()
 
@@ -330,6 +359,7 @@ def create_app(
         startup: asyncio.Task[None] | None = None
         try:
             await upgrade(state.engine)
+            state.api_key_service = ApiKeyService(ApiKeyRepository(state.engine), state.keys)
             # Serve at once (/readyz answers 503) while the relay core restores its state.
             startup = asyncio.create_task(
                 _start_relay_core(state, settings, signer_wrapper, entitlement_factory), name="startup"
@@ -356,8 +386,13 @@ def create_app(
         openapi_url=None,  # served by gasless.openapi
     )
     app.state.host = state
-    # Outermost last: request id, then RateLimit-* headers, then the body limit (before any route code).
+    # Outermost last: request id, metrics, RateLimit-* headers, then origins/CORS (so even a 413 from the
+    # body limit is readable by an allowed page, and an origin refusal carries its request id), then the
+    # body limit (before any route code).
     app.add_middleware(BodyLimitMiddleware, docs_url=settings.docs_url)
+    app.add_middleware(
+        OriginMiddleware, router=app.router, policy=state.origin_policy, docs_url=settings.docs_url
+    )
     app.add_middleware(RateLimitHeadersMiddleware)
     state.metrics.registry.register(HostCollector(lambda: _gauges(state)))
     # Inside the request-id middleware, so the access log line carries the request id.
@@ -368,6 +403,9 @@ def create_app(
     install_problem_handlers(app, settings.docs_url)
     app.include_router(relay_routes.router)
     app.include_router(account_routes.router)
+    app.include_router(auth_routes.router)
+    app.include_router(key_routes.router)
+    app.include_router(auth_routes.admin_router)
     install_openapi(app, relay_routes.EXTRA_SCHEMAS)
 
     def health(

@@ -39,6 +39,8 @@ class OperationContract:
 
 
 _TOKEN_ERRORS = ("UNAUTHENTICATED", "TOKEN_INVALID", "TOKEN_EXPIRED")
+# Native-auth routes also refuse a sponsor key sent as `Authorization: Bearer` or in the URL.
+_NATIVE_ROUTE_401 = (*_TOKEN_ERRORS, "API_KEY_INVALID")
 _STARTING = ("UPSTREAM_UNAVAILABLE",)  # the host restores its state (or lost the network) before serving
 _INTENT_READ: Mapping[int, tuple[str, ...]] = {
     400: ("MALFORMED_REQUEST",),
@@ -179,7 +181,7 @@ OPERATIONS: dict[str, OperationContract] = {
     # Account reads and keys (spec tables; the routes arrive with the platform issues)
     "getMe": OperationContract(
         {
-            401: _TOKEN_ERRORS,
+            401: _NATIVE_ROUTE_401,
             403: ("FORBIDDEN", "ORIGIN_NOT_ALLOWED"),
             429: ("RATE_LIMITED",),
             500: ("INTERNAL",),
@@ -204,13 +206,13 @@ def _key_route(*extra: int) -> OperationContract:
     """Keys routes (spec: Keys, webhooks, notifications, streams): native-auth, owner writes."""
     problems: dict[int, tuple[str, ...]] = {
         400: ("MALFORMED_REQUEST",),
-        401: _TOKEN_ERRORS,
+        401: _NATIVE_ROUTE_401,
         403: ("FORBIDDEN", "ACCOUNT_SUSPENDED", "ORIGIN_NOT_ALLOWED"),
         429: ("RATE_LIMITED",),
         500: ("INTERNAL",),
         503: _STARTING,
     }
-    by_status = {404: ("NOT_FOUND",), 409: ("LIMIT_REACHED",), 413: ("PAYLOAD_TOO_LARGE",), 422: ()}
+    by_status = {404: ("NOT_FOUND",), 409: ("LIMIT_REACHED",), 413: ("PAYLOAD_TOO_LARGE",)}
     problems.update({status: by_status[status] for status in extra})
     return OperationContract(problems, security=NATIVE_AUTH_ONLY)
 
@@ -218,8 +220,9 @@ def _key_route(*extra: int) -> OperationContract:
 OPERATIONS.update(
     {
         "listApiKeys": _key_route(),
-        "createApiKey": _key_route(409, 413, 422),
-        "updateApiKey": _key_route(404, 413, 422),
+        # The spec's 422 on these rows has no catalogue code: schema failures are 400 MALFORMED_REQUEST.
+        "createApiKey": _key_route(409, 413),
+        "updateApiKey": _key_route(404, 413),
         "revokeApiKey": _key_route(404),
     }
 )

@@ -17,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import Depends, Request
 from starlette.datastructures import MutableHeaders
@@ -83,7 +83,9 @@ def account_rate(rule: str, caller: Callable[..., Awaitable[Caller]]) -> Any:
     """A token-bucket rule keyed by the authenticated account (`caller` is the auth dependency); per-class
     rules use the caller's rate class."""
 
-    async def limit_by_account(request: Request, who: Annotated[Caller, Depends(caller)]) -> None:
+    # `Depends(caller)` as a default, not inside `Annotated`: with postponed annotations FastAPI resolves
+    # annotation strings from the module's globals, where the closure's `caller` does not exist.
+    async def limit_by_account(request: Request, who: Caller = Depends(caller)) -> None:  # noqa: B008
         await enforce(request, rule, who.account, "account", rate_class=who.rate_class)
 
     return Depends(limit_by_account)
@@ -107,7 +109,8 @@ def account_streams(caller: Callable[..., Awaitable[Caller]]) -> Any:
     """`GET /v1/stream`: concurrent streams per account by rate class, and per IP."""
 
     async def hold_by_account(
-        request: Request, who: Annotated[Caller, Depends(caller)]
+        request: Request,
+        who: Caller = Depends(caller),  # noqa: B008 - see account_rate
     ) -> AsyncIterator[None]:
         limiter = limiter_of(request)
         by_ip, ip_slot = await limiter.hold("stream_ip", client_key(request), "ip")

@@ -192,3 +192,46 @@ def test_real_answers_conform_to_the_document(
     stale = {**proof, "serverTimeMs": proof["serverTimeMs"] - 120_000}
     call("/v1/relay/assign", "POST", (401,), body={"sender": sender.address, "proof": stale})
     call("/v1/intents/{sender}/{nonce}", "GET", (404,), path_parameters={"sender": other.address, "nonce": 7})
+
+
+def test_identity_and_key_answers_conform_to_the_document(
+    env: Any, contract_schema: Any, contract_session: requests.Session
+) -> None:
+    """GET /v1/me and the key routes with a real native-auth owner: successes, the secret once, refusals."""
+    from gasless.client.native_auth import make_native_auth_token
+
+    def call(path: str, method: str, status: int, **parts: Any) -> Any:
+        if "body" in parts:
+            parts["media_type"] = "application/json"
+        case = contract_schema[path][method].Case(**parts)
+        response = case.call_and_validate(session=contract_session, base_url=BASE_URL, checks=CHECKS)
+        assert response.status_code == status, response.content
+        assert_problem_when_error(response)
+        return response
+
+    owner = env.new_sender(1)
+    block = env.client.get("/v1/network").json()["nativeAuth"]["blockHash"]
+    token = make_native_auth_token(owner.key, origin=env.settings.network.app_origin, block_hash=block)
+    auth = {"Authorization": f"Bearer {token}"}
+    erd = {"erd": owner.address}
+
+    assert call("/v1/me", "GET", 200, headers=auth).json()["accounts"][0]["role"] == "owner"
+    call("/v1/me", "GET", 401)
+    created = call(
+        "/v1/account/{erd}/keys", "POST", 201, path_parameters=erd, headers=auth, body={"label": "ci"}
+    )
+    key_id = created.json()["keyId"]
+    call("/v1/account/{erd}/keys", "GET", 200, path_parameters=erd, headers=auth)
+    keyed = {**erd, "keyId": key_id}
+    call(
+        "/v1/account/{erd}/keys/{keyId}",
+        "PATCH",
+        200,
+        path_parameters=keyed,
+        headers=auth,
+        body={"label": "x"},
+    )
+    call("/v1/account/{erd}/keys/{keyId}", "DELETE", 204, path_parameters=keyed, headers=auth)
+    call("/v1/account/{erd}/keys/{keyId}", "DELETE", 404, path_parameters=keyed, headers=auth)
+    stranger = {"erd": env.new_sender(1).address}
+    call("/v1/account/{erd}/keys", "GET", 403, path_parameters=stranger, headers=auth)

@@ -1,1 +1,1 @@
-"""Caller authentication: MultiversX native-auth tokens (`gasless.auth.native_auth`)."""
+"""Caller authentication: native-auth tokens, sponsor-key and role dependencies, origins, identity."""

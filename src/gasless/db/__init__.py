@@ -5,6 +5,7 @@ from __future__ import annotations
 from gasless.db.engine import begin_write, create_engine, dialect_insert, ping
 from gasless.db.migrate import current_revision, downgrade, head_revision, is_up_to_date, upgrade
 from gasless.db.tables import (
+    api_keys,
     intent_keys,
     intents,
     metadata,
@@ -18,6 +19,7 @@ from gasless.db.types import Atto, Hash32, JsonDoc, Micro, UnixMs
 
 __all__ = [
     "Atto",
+    "api_keys",
     "Hash32",
     "JsonDoc",
     "Micro",

@@ -163,3 +163,32 @@ signer_fences = Table(
     Column("expires_at_ms", UnixMs, nullable=False),
     Column("updated_at_ms", UnixMs, nullable=False),
 )
+
+# Sponsor API keys: only an HMAC of the key is stored (purpose key bound to env + chainId). An active key
+# holds one of the account's slots 0..9 in its environment; the unique key makes the per-account limit hold
+# under concurrent creation on every host. Revocation frees the slot (NULL never conflicts).
+API_KEY_ENVIRONMENTS = ("live", "test")
+_API_KEY_ENV_SQL = ", ".join(f"'{env}'" for env in API_KEY_ENVIRONMENTS)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", String(16), primary_key=True),
+    Column("account", String(62), nullable=False),
+    Column("env", String(8), nullable=False),
+    Column("slot", SmallInteger, nullable=True),
+    Column("label", String(64), nullable=False),
+    Column("policy", JsonDoc, nullable=False),
+    Column("secret_hmac", Hash32, nullable=False),
+    Column("created_at_ms", UnixMs, nullable=False),
+    Column("updated_at_ms", UnixMs, nullable=False),
+    Column("revoked_at_ms", UnixMs, nullable=True),
+    UniqueConstraint("account", "env", "slot"),
+    CheckConstraint(f"env IN ({_API_KEY_ENV_SQL})", name="env"),
+    CheckConstraint(
+        "(slot IS NOT NULL AND revoked_at_ms IS NULL) OR (slot IS NULL AND revoked_at_ms IS NOT NULL)",
+        name="slot_active",
+    ),
+    CheckConstraint("slot IS NULL OR slot >= 0", name="slot"),
+)
+Index(None, api_keys.c.account, api_keys.c.env)

@@ -133,6 +133,14 @@ class ContractMirror:
         )
         return views[0]
 
+    async def account_of_sender(self, sender: str) -> str | None:
+        """The account that names `sender` as an authorised sender, or None."""
+        pubkey = parse_address(sender).get_public_key()
+        views = await self._cache.get(
+            ("getAccountOfSender", sender), lambda: self._view("getAccountOfSender", [pubkey]), ttl_ms=1_000
+        )
+        return None if views[0] is None else _bech32(views[0])
+
     async def senders(self, address: str) -> list[str]:
         """The account's authorised senders, oldest authorisation first (the contract's order)."""
         pubkey = parse_address(address).get_public_key()

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Header, Path, Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
+from gasless.auth.deps import OptionalBearer, RelaySponsorKey
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
 from gasless.http_cache import NETWORK_CACHE, cached_json, intent_cache_control
@@ -60,12 +61,6 @@ def _is_decimal(text: str) -> bool:
     return text.isascii() and text.isdigit()
 
 
-def _bearer(authorization: str | None) -> str | None:
-    if authorization and authorization.lower().startswith("bearer "):
-        return authorization[7:].strip()
-    return None
-
-
 async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     """The body, refused with PAYLOAD_TOO_LARGE as soon as it passes `limit` (before parsing)."""
     declared = request.headers.get("content-length")
@@ -88,13 +83,9 @@ async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
     dependencies=[ASSIGN_IP],
     summary="A relayer of the sender's shard and a lease, just before the user signs",
 )
-async def assign(
-    request: Request, body: AssignRequest, authorization: Annotated[str | None, Header()] = None
-) -> Assignment:
+async def assign(request: Request, body: AssignRequest, bearer: OptionalBearer) -> Assignment:
     host = _host(request)
-    return await host.assign.assign(
-        body, bearer=_bearer(authorization), report=lambda decision: record(request, decision)
-    )
+    return await host.assign.assign(body, bearer=bearer, report=lambda decision: record(request, decision))
 
 
 @router.post(
@@ -115,8 +106,8 @@ async def assign(
 )
 async def relay(
     request: Request,
+    sponsor: RelaySponsorKey,  # a present key is verified first: API_KEY_INVALID before any other check
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
-    x_api_key: Annotated[str | None, Header(alias="X-Api-Key")] = None,
 ) -> Response:
     received_ms = int(time.time() * 1000)
     host = _host(request)
@@ -124,7 +115,7 @@ async def relay(
     status, response = await host.relay.relay(
         raw,
         idempotency_key=idempotency_key,
-        api_key=x_api_key,
+        api_key=request.headers.get("x-api-key"),
         request_id=request.state.request_id,
         received_ms=received_ms,
     )

@@ -1,0 +1,1 @@
+"""Sponsor API keys: format, storage (HMAC only), lifecycle routes and the lookup used by X-Api-Key."""
