@@ -22,6 +22,7 @@ from gasless import __version__
 from gasless.accounts import routes as account_routes
 from gasless.accounts.senders import SenderListing
 from gasless.auth import routes as auth_routes
+from gasless.auth.actions import ActionSignatures
 from gasless.auth.native_auth import NativeAuthVerifier
 from gasless.auth.origins import OriginMiddleware, OriginPolicy
 from gasless.auth.roles import AccountRoles
@@ -109,6 +110,7 @@ class HostState:
     # Authentication: browser origins, roles on accounts, sponsor API keys.
     origin_policy: OriginPolicy | None = None
     account_roles: AccountRoles | None = None
+    action_signatures: ActionSignatures | None = None
     api_key_service: ApiKeyService | None = None
     startup_error: str | None = None
 
@@ -153,6 +155,10 @@ class HostState:
     @property
     def token_verifier(self) -> NativeAuthVerifier:
         return self._require(self.native_auth)  # type: ignore[no-any-return]
+
+    @property
+    def actions(self) -> ActionSignatures:
+        return self._require(self.action_signatures)  # type: ignore[no-any-return]
 
     @property
     def roles(self) -> AccountRoles:
@@ -356,6 +362,10 @@ def create_app(
             # Shared buckets and stream slots: hosts a and b limit together.
             namespace = redis_namespace(settings.redis_prefix, settings.key_env, settings.network.chain_id)
             state.limits = RouteLimiter(state.limits.table, *redis_backends(state.redis, namespace))
+        # Per-action challenges are single use on every host: through Redis when hosts share one.
+        state.action_signatures = ActionSignatures(
+            state.keys, redis=state.redis, namespace=settings.redis_prefix
+        )
         startup: asyncio.Task[None] | None = None
         try:
             await upgrade(state.engine)

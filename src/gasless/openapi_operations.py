@@ -6,6 +6,7 @@ listed here when its table row in the spec says more.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -217,11 +218,19 @@ def _key_route(*extra: int) -> OperationContract:
     return OperationContract(problems, security=NATIVE_AUTH_ONLY)
 
 
+def _signed_action(contract: OperationContract) -> OperationContract:
+    """Routes that also need a per-action signature (gasless.auth.actions)."""
+    problems = dict(contract.problems)
+    problems[401] = (*problems.get(401, ()), "CHALLENGE_INVALID")
+    problems[403] = (*problems.get(403, ()), "ACTION_SIGNATURE_INVALID")
+    return dataclasses.replace(contract, problems=problems)
+
+
 OPERATIONS.update(
     {
         "listApiKeys": _key_route(),
         # The spec's 422 on these rows has no catalogue code: schema failures are 400 MALFORMED_REQUEST.
-        "createApiKey": _key_route(409, 413),
+        "createApiKey": _signed_action(_key_route(409, 413)),
         "updateApiKey": _key_route(404, 413),
         "revokeApiKey": _key_route(404),
     }

@@ -102,7 +102,7 @@ def test_suspended_account_refuses_changes_but_reads_and_revokes(
     assert env.client.delete(f"{path}/{key['keyId']}", headers=headers).status_code == 204
 
     auth.suspend(account, False)
-    assert env.client.post(path, json={"label": "back"}, headers=headers).status_code == 201
+    assert auth.post_key(account, {"label": "back"}).status_code == 201
 
 
 # Native-auth failures ---------------------------------------------------------------------------------

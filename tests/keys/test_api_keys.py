@@ -53,10 +53,8 @@ def test_key_lifecycle(env: Any, auth: Any, platform_problem: Any) -> None:
     owner = auth.bearer(account)
 
     # Create: the secret is shown once, never cached.
-    created = env.client.post(
-        _keys_path(account),
-        json={"label": "  backend  ", "policy": {"scopes": ["relay"], "limits": {"ruPerSecond": 2}}},
-        headers=owner,
+    created = auth.post_key(
+        account, {"label": "  backend  ", "policy": {"scopes": ["relay"], "limits": {"ruPerSecond": 2}}}
     )
     assert created.status_code == 201, created.text
     assert created.headers["Cache-Control"] == "no-store"
@@ -131,7 +129,7 @@ def test_secret_is_stored_only_as_an_hmac_bound_to_env_and_chain(env: Any, auth:
 def test_limit_of_ten_active_keys(env: Any, auth: Any, platform_problem: Any) -> None:
     account = auth.account()
     keys = [auth.create_key(account, label=f"k{i}") for i in range(10)]
-    refused = env.client.post(_keys_path(account), json={"label": "eleventh"}, headers=auth.bearer(account))
+    refused = auth.post_key(account, {"label": "eleventh"})
     body = platform_problem(refused, "LIMIT_REACHED", {"limit": 10, "resource": "apiKeys"})
     assert "10 active API keys" in body["detail"]
     # Another account is not affected; a revocation frees a place.
@@ -275,15 +273,16 @@ async def test_repository_slots_under_concurrency(database_url: str) -> None:
 
 
 def test_key_writes_share_the_account_write_limit(make_env: Any, auth_for: Any, problem: Any) -> None:
-    """Creations, changes and revocations of one account draw on one bucket (here burst 2, slow refill);
-    the refusal is RATE_LIMITED with scope `account`, and another account is not affected."""
-    table = dataclasses.replace(RouteLimitTable(), account_write=Rate(0.01, 2))
+    """Creations, changes and revocations of one account draw on one bucket (here burst 3, slow refill: a
+    creation is two requests, the challenge and the signed one); the refusal is RATE_LIMITED with scope
+    `account`, and another account is not affected."""
+    table = dataclasses.replace(RouteLimitTable(), account_write=Rate(0.01, 3))
     served = make_env(app_kwargs={"route_limits": table})
     auth = auth_for(served)
     account, other = auth.account(), auth.account()
 
-    first = served.client.post(_keys_path(account), json={"label": "a"}, headers=auth.bearer(account))
-    assert first.status_code == 201 and first.headers["RateLimit-Limit"] == "2"
+    first = auth.post_key(account, {"label": "a"}, client=served.client)
+    assert first.status_code == 201 and first.headers["RateLimit-Limit"] == "3"
     assert first.headers["RateLimit-Remaining"] == "1"
     key_id = first.json()["keyId"]
     assert served.client.delete(_keys_path(account, key_id), headers=auth.bearer(account)).status_code == 204
@@ -292,9 +291,6 @@ def test_key_writes_share_the_account_write_limit(make_env: Any, auth_for: Any, 
     )
     body = problem(refused, "RATE_LIMITED")
     assert body["details"]["scope"] == "account" and refused.headers["RateLimit-Remaining"] == "0"
-    assert (
-        served.client.post(_keys_path(other), json={"label": "a"}, headers=auth.bearer(other)).status_code
-        == 201
-    )
+    assert auth.post_key(other, {"label": "a"}, client=served.client).status_code == 201
     # Reads are not writes.
     assert served.client.get(_keys_path(account), headers=auth.bearer(account)).status_code == 200

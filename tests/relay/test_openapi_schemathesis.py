@@ -31,6 +31,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from gasless.client.actions import action_headers
+from gasless.client.keys import UserKey
 from gasless.errors import CATALOGUE, PROBLEM_MEDIA_TYPE
 
 BASE_URL = "http://testserver"
@@ -217,8 +219,19 @@ def test_identity_and_key_answers_conform_to_the_document(
 
     assert call("/v1/me", "GET", 200, headers=auth).json()["accounts"][0]["role"] == "owner"
     call("/v1/me", "GET", 401)
+    challenged = call(
+        "/v1/account/{erd}/keys", "POST", 403, path_parameters=erd, headers=auth, body={"label": "ci"}
+    )
+    signed = action_headers(
+        UserKey(owner.key), "createApiKey", b'{"label": "ci"}', challenged.json()["details"]
+    )
     created = call(
-        "/v1/account/{erd}/keys", "POST", 201, path_parameters=erd, headers=auth, body={"label": "ci"}
+        "/v1/account/{erd}/keys",
+        "POST",
+        201,
+        path_parameters=erd,
+        headers={**auth, **signed},
+        body={"label": "ci"},
     )
     key_id = created.json()["keyId"]
     call("/v1/account/{erd}/keys", "GET", 200, path_parameters=erd, headers=auth)

@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response
 
+from gasless.auth.actions import CHALLENGE_HEADER, SIGNATURE_HEADER
 from gasless.auth.deps import AccountRead, AccountRevoke, AccountWrite
 from gasless.keys.schemas import ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyList, ApiKeyUpdate
 from gasless.route_limits import Caller, account_rate
@@ -50,8 +51,19 @@ async def list_api_keys(request: Request, response: Response, access: AccountRea
 async def create_api_key(
     request: Request, response: Response, body: ApiKeyCreate, access: AccountWrite
 ) -> ApiKeyCreated:
-    """A new key; its secret is in this response only."""
+    """A new key; its secret is in this response only. Needs a per-action signature by the account's key
+    (a key spends the account's plan): the first attempt answers the challenge to sign."""
     response.headers["Cache-Control"] = NO_STORE
+    host = request.app.state.host
+    assert access.caller is not None  # writes are native-auth only
+    await host.actions.require(
+        account=access.account,
+        operation="createApiKey",
+        caller=access.caller.address,
+        body=await request.body(),
+        challenge=request.headers.get(CHALLENGE_HEADER),
+        signature=request.headers.get(SIGNATURE_HEADER),
+    )
     created: ApiKeyCreated = await _keys(request).create(access.account, body.label, body.policy)
     return created
 
