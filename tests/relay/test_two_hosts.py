@@ -328,6 +328,8 @@ def test_same_bytes_on_both_hosts_are_broadcast_once(cluster: Cluster) -> None:
 
 
 def test_native_auth_api_key_and_errors_leave_no_secret_in_any_log_line(cluster: Cluster) -> None:
+    from gasless.client.actions import action_headers
+    from gasless.client.keys import UserKey
     from gasless.client.native_auth import make_native_auth_token
 
     a, b = cluster.hosts["a"], cluster.hosts["b"]
@@ -336,8 +338,18 @@ def test_native_auth_api_key_and_errors_leave_no_secret_in_any_log_line(cluster:
     token = make_native_auth_token(
         key, origin=native["origins"][0], block_hash=native["blockHash"], ttl_seconds=600
     )
-    api_key = f"gls_test_{uuid.uuid4().hex}"
-    cluster.secrets += [token, api_key]
+    # A real sponsor key (a made-up one is refused before the relay checks): created on b with the
+    # account's per-action signature over b's challenge, then used on a.
+    raw = json.dumps({"label": "logs"}).encode()
+    key_headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    keys_url = f"{b.base}/v1/account/{sender}/keys"
+    challenge = requests.post(keys_url, data=raw, headers=key_headers, timeout=10)
+    assert challenge.json()["code"] == "ACTION_SIGNATURE_INVALID", challenge.text
+    signed_headers = action_headers(UserKey(key), "createApiKey", raw, challenge.json()["details"])
+    created = requests.post(keys_url, data=raw, headers={**key_headers, **signed_headers}, timeout=10)
+    assert created.status_code == 201, created.text
+    api_key = created.json()["secret"]
+    cluster.secrets += [token, api_key, *signed_headers.values()]
     # A native-auth token made against a's network view is accepted on b.
     assignment = assign(cluster, b, key, sender, Authorization=f"Bearer {token}")
     tx = signed(cluster, key, assignment)
