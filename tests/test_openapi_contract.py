@@ -260,7 +260,11 @@ def test_security_schemes_and_requirements(document: dict[str, Any]) -> None:
     assert by_id["assignRelayer"]["security"] == [{}, {"nativeAuth": []}]
     native_auth_only = {"getMe", "listApiKeys", "createApiKey", "updateApiKey", "revokeApiKey"}
     assert all(by_id[op_id]["security"] == [{"nativeAuth": []}] for op_id in native_auth_only)
-    public = set(by_id) - {"relayTransaction", "assignRelayer"} - native_auth_only
+    # Streams: native-auth or a read key; the account stream also opens with a query ticket (no header).
+    assert by_id["createStreamTicket"]["security"] == [{"nativeAuth": []}, {"apiKey": []}]
+    assert by_id["streamAccountEvents"]["security"] == [{"nativeAuth": []}, {"apiKey": []}, {}]
+    streams = {"createStreamTicket", "streamAccountEvents"}
+    public = set(by_id) - {"relayTransaction", "assignRelayer"} - native_auth_only - streams
     assert public and all(by_id[op_id]["security"] == [] for op_id in public)
     for op_id, operation in by_id.items():
         headers = {p["name"].lower() for p in operation.get("parameters", []) if p["in"] == "header"}

@@ -57,6 +57,8 @@ from gasless.relay.service import RelayConfig, RelayService
 from gasless.route_limits import RateLimitHeadersMiddleware
 from gasless.settings import Settings
 from gasless.signer import FencedSigner, PemSigner, Signer
+from gasless.streams import routes as stream_routes
+from gasless.streams.service import StreamService, build_stream_service
 
 log = structlog.get_logger("gasless.app")
 
@@ -112,6 +114,8 @@ class HostState:
     account_roles: AccountRoles | None = None
     action_signatures: ActionSignatures | None = None
     api_key_service: ApiKeyService | None = None
+    # Account streams and their tickets (needs only Redis or this process: usable before the relay core).
+    streams: StreamService | None = None
     startup_error: str | None = None
 
     # Account-stream event ids (spec "Account stream" 3-4): `<hostId>.<bootEpochMs>.<seq>`. Only ids this
@@ -317,6 +321,8 @@ async def _start_relay_core(
     state.mirror, state.native_auth = mirror, native_auth
     state.account_roles = AccountRoles(mirror)
     state.sender_listing = SenderListing(mirror, state.cursors)
+    if state.streams is not None:
+        state.streams.attach_intents(bus, network.params.round_duration_ms, mirror)
     state.startup_error = None
     state.restored = True
     log.info("host ready", host_id=settings.host_id, network=settings.profile, recovered=recovered)
@@ -370,6 +376,8 @@ def create_app(
         try:
             await upgrade(state.engine)
             state.api_key_service = ApiKeyService(ApiKeyRepository(state.engine), state.keys)
+            state.streams = build_stream_service(settings, state.keys, state.redis, state.boot_epoch_ms)
+            await state.streams.start()
             # Serve at once (/readyz answers 503) while the relay core restores its state.
             startup = asyncio.create_task(
                 _start_relay_core(state, settings, signer_wrapper, entitlement_factory), name="startup"
@@ -381,6 +389,8 @@ def create_app(
                 with contextlib.suppress(BaseException):
                     await startup
             await _stop_relay_core(state)
+            if state.streams is not None:
+                await state.streams.stop()
             await state.limits.close()
             if state.redis is not None:
                 await state.redis.aclose()
@@ -415,8 +425,9 @@ def create_app(
     app.include_router(account_routes.router)
     app.include_router(auth_routes.router)
     app.include_router(key_routes.router)
+    app.include_router(stream_routes.router)
     app.include_router(auth_routes.admin_router)
-    install_openapi(app, relay_routes.EXTRA_SCHEMAS)
+    install_openapi(app, (*relay_routes.EXTRA_SCHEMAS, *stream_routes.EXTRA_SCHEMAS))
 
     def health(
         status: Literal["ok", "starting", "unavailable"],

@@ -236,6 +236,30 @@ OPERATIONS.update(
     }
 )
 
+# Streams (spec: Keys, webhooks, notifications, streams): native-auth or a read key; `GET /v1/stream` also
+# takes a single-use ticket in the query (the empty alternative: no header credential).
+_STREAM_PROBLEMS: dict[int, tuple[str, ...]] = {
+    400: ("MALFORMED_REQUEST",),
+    401: (*_NATIVE_ROUTE_401, "STREAM_TICKET_INVALID"),
+    403: ("FORBIDDEN", "API_KEY_SCOPE", "ORIGIN_NOT_ALLOWED"),
+    429: ("RATE_LIMITED",),
+    500: ("INTERNAL",),
+    503: _STARTING,
+}
+OPERATIONS.update(
+    {
+        "createStreamTicket": OperationContract(
+            {**_STREAM_PROBLEMS, 401: _NATIVE_ROUTE_401, 413: ("PAYLOAD_TOO_LARGE",)},
+            security=NATIVE_AUTH_OR_API_KEY,
+        ),
+        "streamAccountEvents": OperationContract(
+            _STREAM_PROBLEMS,
+            security=((NATIVE_AUTH,), (API_KEY,), ()),
+            events=("intents", "quota", "account", "notices", "incidents", "pricing", "reset"),
+        ),
+    }
+)
+
 _DEFAULT_401 = {NATIVE_AUTH: _TOKEN_ERRORS, API_KEY: ("API_KEY_INVALID",), X402: ()}
 
 

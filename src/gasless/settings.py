@@ -129,6 +129,11 @@ class Settings(BaseSettings):
     max_clock_offset_ms: int = Field(default=5_000, ge=100)
     native_auth_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
+    # Account stream (`GET /v1/stream`): keep-alive comment interval (spec 15 000 ms; a proxy with a shorter
+    # idle timeout needs less) and the coalescing window (spec 4 to 10 Hz: 100 to 250 ms).
+    stream_keepalive_ms: int = Field(default=15_000, ge=50, le=60_000)
+    stream_coalesce_ms: int = Field(default=200, ge=100, le=250)
+
     @classmethod
     def settings_customise_sources(
         cls,

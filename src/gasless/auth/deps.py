@@ -279,6 +279,14 @@ async def _account_access(
     return access
 
 
+async def read_access_to(
+    request: Request, account: str, authorization: str | None, api_key: str | None
+) -> AccountAccess:
+    """DashboardRead for an account named outside the path (`GET /v1/stream?account=`, a ticket's body):
+    native-auth owner or sender, or a sponsor key of that account with the `read` scope."""
+    return await _account_access(request, account, "read", authorization, api_key, keys=True)
+
+
 ErdPath = Annotated[str, Path(max_length=100, description="the account's bech32 address")]
 
 
@@ -302,6 +310,10 @@ def account_access(mode: Mode, *, keys: bool = False) -> Callable[..., Any]:
 
     return native_only
 
+
+# For routes that take a credential of their own beside the schemes above (the stream ticket).
+hold_origin = _hold_origin
+refuse_url_credentials = _refuse_url_credentials
 
 Public = Depends(public)
 NativeAuthCaller = Annotated[Caller, Depends(native_auth_caller)]

@@ -7,12 +7,18 @@ this bus only makes same-host changes immediate.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 
 class IntentBus:
     def __init__(self) -> None:
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        # Called with every published row (the account streams listen here); a listener must not raise.
+        self._listeners: list[Callable[[Any], None]] = []
+
+    def listen(self, listener: Callable[[Any], None]) -> None:
+        self._listeners.append(listener)
 
     def subscribe(self, *keys: str) -> asyncio.Event:
         event = asyncio.Event()
@@ -32,3 +38,5 @@ class IntentBus:
         for key in (row.tx_hash, f"{row.sender}:{row.nonce}"):
             for event in self._waiters.get(key, ()):
                 event.set()
+        for listener in self._listeners:
+            listener(row)

@@ -1,0 +1,172 @@
+"""Stream tests: the relay suite's app on a real localnet (`env`, `make_env`, `problem`), the auth suite's
+kit (real native-auth tokens, accounts, keys), a real uvicorn server for open streams, and an SSE reader."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+import uvicorn
+
+from gasless.app import create_app
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module
+
+
+_tests = Path(__file__).resolve().parents[1]
+relay_env = _load("gasless_tests_relay_env", _tests / "relay" / "conftest.py")
+auth_env = _load("gasless_tests_auth_env", _tests / "auth" / "conftest.py")
+env = relay_env.env
+make_env = relay_env.make_env
+unpaused_localnet = relay_env.unpaused_localnet
+problem = relay_env.problem
+auth = auth_env.auth
+platform_problem = auth_env.platform_problem
+AuthKit = auth_env.AuthKit
+
+
+def check_ticket_invalid(response: Any, reason: str) -> dict[str, Any]:
+    """The spec's platform problem STREAM_TICKET_INVALID (401, not retryable), with `details.reason`."""
+    assert response.status_code == 401, f"{response.status_code}: {response.text}"
+    assert response.headers["content-type"].startswith("application/problem+json"), response.headers
+    body = response.json()
+    assert body["code"] == "STREAM_TICKET_INVALID" and body["status"] == 401, body
+    assert body["type"] == relay_env.DOCS_ERRORS_URL + "stream-ticket-invalid"
+    assert body["retryable"] is False and "resign" not in body and body["detail"], body
+    assert body["instance"] == response.headers["Relay-Request-Id"], body
+    assert body["details"] == {"reason": reason}, body
+    return body  # type: ignore[no-any-return]
+
+
+@pytest.fixture
+def ticket_invalid() -> Callable[[Any, str], dict[str, Any]]:
+    """`ticket_invalid(response, reason)`: see `check_ticket_invalid`."""
+    return check_ticket_invalid
+
+
+class Served:
+    """`create_app(settings)` served by uvicorn from a thread on a free loopback port."""
+
+    def __init__(self, settings: Any, **app_kwargs: Any) -> None:
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.app = create_app(settings, **app_kwargs)
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.client = httpx.Client(base_url=self.url, timeout=10)
+
+    def __enter__(self) -> Served:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if self.client.get("/readyz").status_code == 200:
+                    return self
+            time.sleep(0.05)
+        self.__exit__()
+        raise AssertionError("API not ready")
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+        self.server.should_exit = True
+        self.thread.join(20)
+        self.sock.close()
+
+    @property
+    def host(self) -> Any:
+        return self.app.state.host
+
+    def on_loop(self, fn: Callable[[], Any]) -> None:
+        """Run `fn` on the server's event loop (the hub belongs to it) and wait for it."""
+        import asyncio
+
+        async def run() -> None:
+            fn()
+
+        loop = self.server_loop()
+        asyncio.run_coroutine_threadsafe(run(), loop).result(10)
+
+    def server_loop(self) -> Any:
+        # uvicorn runs the app on the loop of its thread; the hub's windows were opened there.
+        streams = self.host.streams
+        assert streams is not None and streams._sweeper is not None
+        return streams._sweeper.get_loop()
+
+
+class Sse:
+    """An open `GET /v1/stream`, read frame by frame (a frame: its `event`, `id`, `data`, in order)."""
+
+    def __init__(self, client: httpx.Client, params: dict[str, str], headers: dict[str, str] | None = None):
+        self._cm = client.stream("GET", "/v1/stream", params=params, headers=headers or {})
+        self.response = self._cm.__enter__()
+        self._lines = self.response.iter_lines()
+        self.comments = 0
+
+    def frame(self, timeout: float = 20.0) -> dict[str, Any]:
+        """The next frame with a field (comment-only frames, the keep-alives, are counted, not returned)."""
+        import json
+
+        deadline = time.monotonic() + timeout
+        current: dict[str, Any] = {}
+        for line in self._lines:
+            if line.startswith(":"):
+                self.comments += 1
+            elif line.startswith("event:"):
+                current["event"] = line.split(":", 1)[1].strip()
+            elif line.startswith("id:"):
+                current["id"] = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                current["data"] = json.loads(line.split(":", 1)[1])
+            elif line == "" and current:
+                return current
+            if time.monotonic() > deadline:
+                break
+        raise AssertionError("no frame in time")
+
+    def close(self) -> None:
+        self._cm.__exit__(None, None, None)
+
+
+@pytest.fixture
+def served(unpaused_localnet: Any, tmp_path: Path) -> Iterator[Callable[..., tuple[Served, Any, Any]]]:
+    """`served(**settings)`: a real server, a RelayEnv whose client talks to it, and an AuthKit."""
+    opened: list[Served] = []
+
+    def start(**overrides: Any) -> tuple[Served, Any, Any]:
+        name = overrides.pop("name", "api")
+        settings = relay_env.relay_settings(
+            tmp_path,
+            unpaused_localnet,
+            database_url=f"sqlite+aiosqlite:///{(tmp_path / f'{name}.db').as_posix()}",
+            **overrides,
+        )
+        server = Served(settings, route_limits=relay_env.unthrottled_limits()).__enter__()
+        opened.append(server)
+        contract = unpaused_localnet.net.info["contract"]
+        env = relay_env.RelayEnv(server.client, unpaused_localnet, settings, contract)
+        return server, env, AuthKit(env)
+
+    yield start
+    for server in opened:
+        server.__exit__()
