@@ -144,8 +144,28 @@ class Sse:
                 break
         raise AssertionError("no frame in time")
 
+    def keepalives(self, count: int, timeout: float = 20.0) -> None:
+        """Read until `count` keep-alive comments have arrived in all (failing on any other frame)."""
+        deadline = time.monotonic() + timeout
+        for line in self._lines:
+            if line.startswith(":"):
+                self.comments += 1
+                if self.comments >= count:
+                    return
+            elif line:
+                raise AssertionError(f"unexpected line while waiting for keep-alives: {line!r}")
+            if time.monotonic() > deadline:
+                break
+        raise AssertionError("keep-alives did not arrive")
+
     def close(self) -> None:
         self._cm.__exit__(None, None, None)
+
+
+@pytest.fixture
+def sse() -> type[Sse]:
+    """`sse(client, params, headers)`: an open account stream read frame by frame."""
+    return Sse
 
 
 @pytest.fixture
