@@ -175,13 +175,15 @@ def served(unpaused_localnet: Any, tmp_path: Path) -> Iterator[Callable[..., tup
 
     def start(**overrides: Any) -> tuple[Served, Any, Any]:
         name = overrides.pop("name", "api")
+        overrides_limits = overrides.pop("route_limits", None)
         settings = relay_env.relay_settings(
             tmp_path,
             unpaused_localnet,
             database_url=f"sqlite+aiosqlite:///{(tmp_path / f'{name}.db').as_posix()}",
             **overrides,
         )
-        server = Served(settings, route_limits=relay_env.unthrottled_limits()).__enter__()
+        limits = overrides_limits or relay_env.unthrottled_limits()
+        server = Served(settings, route_limits=limits).__enter__()
         opened.append(server)
         contract = unpaused_localnet.net.info["contract"]
         env = relay_env.RelayEnv(server.client, unpaused_localnet, settings, contract)

@@ -169,3 +169,23 @@ def test_ticket_opens_one_stream_and_forbidden_stranger(served: Any, sse: Any, t
         "/v1/stream", params={"account": account.address}, headers=auth.bearer(stranger)
     )
     assert refused.status_code == 403 and refused.json()["code"] == "FORBIDDEN"
+
+
+def test_concurrent_streams_are_limited_per_account_by_class(served: Any, sse: Any, problem: Any) -> None:
+    import dataclasses
+
+    from gasless.limits import RouteLimitTable
+
+    table = dataclasses.replace(RouteLimitTable(), stream_class={c: 1 for c in range(1, 7)}, stream_ip=5)
+    server, _env, auth = served(route_limits=table, **KEEPALIVE)
+    account = auth.account()
+    first = sse(server.client, {"account": account.address}, auth.bearer(account))
+    try:
+        assert first.response.status_code == 200 and "id" in first.frame()
+        second = server.client.get(
+            "/v1/stream", params={"account": account.address}, headers=auth.bearer(account)
+        )
+        body = problem(second, "RATE_LIMITED")
+        assert body["details"]["scope"] == "account"
+    finally:
+        first.close()
