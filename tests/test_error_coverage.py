@@ -43,7 +43,6 @@ NOT_YET_REACHABLE = {
     "WEBHOOK_URL_NOT_ALLOWED": "webhooks",
     "IDEMPOTENCY_KEY_REUSED": "webhooks",
     "IDEMPOTENCY_IN_PROGRESS": "webhooks",
-    "STREAM_TICKET_INVALID": "streams",
 }
 
 
