@@ -54,5 +54,5 @@ class StreamEvent(BaseModel):
     data: dict[str, Any] | None = Field(description="the changed resource (an Intent on `intents`)")
     reason: str | None = Field(
         default=None,
-        description="on reset: `unknown_id` (other host, restart, malformed), `window` or `lagging`",
+        description="on reset: `unknown_id` (other host, restart, malformed) or `window`",
     )
