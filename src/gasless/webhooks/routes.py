@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, Header, Path, Request, Response
 
 from gasless.auth.deps import AccountRead, AccountWrite
 from gasless.errors import ApiError
@@ -25,6 +25,15 @@ from gasless.webhooks.service import to_delivery
 router = APIRouter(tags=["webhooks"])
 WebhookIdPath = Annotated[str, Path(max_length=64, description="the webhook's id (`wh_...`)")]
 NO_STORE = "no-store"
+# Documented here; read and judged by gasless.idempotency (16..128 visible ASCII, else 400).
+IdempotencyKeyHeader = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        description="16 to 128 visible ASCII characters; a retry with the same key and body replays the "
+        "first answer (`Idempotent-Replayed: true`) for 86 400 000 ms",
+    ),
+]
 BASE = "/v1/account/{erd}/webhooks"
 
 
@@ -59,7 +68,9 @@ async def list_webhooks(request: Request, response: Response, access: AccountRea
     status_code=201,
     dependencies=[WRITE_LIMIT],
 )
-async def create_webhook(request: Request, body: WebhookCreate, access: AccountWrite) -> Response:
+async def create_webhook(
+    request: Request, body: WebhookCreate, access: AccountWrite, idempotency_key: IdempotencyKeyHeader = None
+) -> Response:
     """A new webhook; its signing secret is in this response only. Accepts `Idempotency-Key`."""
     service = _host(request).webhooks
     return await idempotent(
@@ -111,7 +122,12 @@ async def delete_webhook(request: Request, webhookId: WebhookIdPath, access: Acc
     response_model=WebhookDelivery,
     dependencies=[WRITE_LIMIT],
 )
-async def test_webhook(request: Request, webhookId: WebhookIdPath, access: AccountWrite) -> Response:
+async def test_webhook(
+    request: Request,
+    webhookId: WebhookIdPath,
+    access: AccountWrite,
+    idempotency_key: IdempotencyKeyHeader = None,
+) -> Response:
     """Send a signed `webhook.test` event now (one attempt, no retries) and return how it went.
     Accepts `Idempotency-Key`."""
     host = _host(request)
