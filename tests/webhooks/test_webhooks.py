@@ -9,8 +9,19 @@ import threading
 from typing import Any
 
 import pytest
+import webhook_kit
 
 from gasless.webhooks import SIGNATURE_HEADER, verify_signature
+
+# Fixtures (see webhook_kit).
+env = webhook_kit.env
+make_env = webhook_kit.make_env
+unpaused_localnet = webhook_kit.unpaused_localnet
+auth_for = webhook_kit.auth_for
+receiver = webhook_kit.receiver
+local_env = webhook_kit.local_env
+auth = webhook_kit.auth
+start_local_env = webhook_kit.start_local_env
 
 HOUR_MS = 3_600_000
 
@@ -283,10 +294,10 @@ def test_rotation_signs_with_both_secrets_during_the_overlap(
     )
 
 
-def test_outbox_survives_a_restart(tmp_path: Any, unpaused_localnet: Any, receiver: Any) -> None:
-    first = relay_env_start(tmp_path, unpaused_localnet)
+def test_outbox_survives_a_restart(start_local_env: Any, auth_for: Any, receiver: Any) -> None:
+    first = start_local_env()
     env = next(first)
-    auth = _auth_kit(env)
+    auth = auth_for(env)
     account = auth.account()
     owner = auth.bearer(account)
     webhook = _create(env, auth, account, receiver.url, eventTypes=["intent.finalized"])
@@ -300,25 +311,13 @@ def test_outbox_survives_a_restart(tmp_path: Any, unpaused_localnet: Any, receiv
     with pytest.raises(StopIteration):
         next(first)
 
-    second = relay_env_start(tmp_path, unpaused_localnet)
+    second = start_local_env()
     env = next(second)
     (received,) = receiver.wait(1)
     assert received.headers["Gasless-Event-Id"] == pending[0]["eventId"]
     assert _verified(webhook["secret"], received)
     with pytest.raises(StopIteration):
         next(second)
-
-
-def _auth_kit(env: Any) -> Any:
-    from conftest import _auth  # type: ignore[import-not-found]
-
-    return _auth.AuthKit(env)
-
-
-def relay_env_start(tmp_path: Any, localnet: Any) -> Any:
-    from conftest import LOCAL_RECEIVERS, relay_env  # type: ignore[import-not-found]
-
-    return relay_env.start_env(tmp_path, localnet, **LOCAL_RECEIVERS)
 
 
 def _wait_deliveries(env: Any, account: Any, owner: dict[str, str], webhook_id: str) -> list[dict[str, Any]]:

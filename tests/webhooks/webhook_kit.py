@@ -1,4 +1,5 @@
-"""Webhook tests: the auth kit (real native-auth tokens on a real localnet app) plus a real local receiver
+"""Fixtures of the webhook HTTP tests (a helper module, not a conftest: a directory conftest named after
+`relay` in collection order would shadow the `conftest` module the relay tests import from): the auth kit (real native-auth tokens on a real localnet app) plus a real local receiver
 (an aiohttp server on loopback, reachable because the tests set `webhook_local_receiver_cidrs`)."""
 
 from __future__ import annotations
@@ -115,3 +116,14 @@ def local_env(make_env: Any) -> Any:
 @pytest.fixture
 def auth(local_env: Any) -> Any:
     return _auth.AuthKit(local_env)
+
+
+@pytest.fixture
+def start_local_env(tmp_path: Path, unpaused_localnet: Any) -> Any:
+    """`start_local_env()`: a generator yielding an app with local receivers on this test's database;
+    the caller stops it (restart tests start a second one on the same database)."""
+
+    def start() -> Iterator[Any]:
+        return relay_env.start_env(tmp_path, unpaused_localnet, **LOCAL_RECEIVERS)  # type: ignore[no-any-return]
+
+    return start
