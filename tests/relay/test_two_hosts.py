@@ -282,8 +282,16 @@ def test_hosts_report_their_identity_readiness_and_leadership(cluster: Cluster) 
             "restore": "ok", "database": "ok", "gateway": "ok", "redis": "ok", "clock": "ok", "signer": "ok",
         }  # fmt: skip
     # Each singleton runs on exactly one host: b, which started first.
-    assert ready["b"].json()["singletons"] == {"retention": "leader", "intent-recovery": "leader"}
-    assert ready["a"].json()["singletons"] == {"retention": "standby", "intent-recovery": "standby"}
+    assert ready["b"].json()["singletons"] == {
+        "retention": "leader",
+        "webhook-retention": "leader",
+        "intent-recovery": "leader",
+    }
+    assert ready["a"].json()["singletons"] == {
+        "retention": "standby",
+        "webhook-retention": "standby",
+        "intent-recovery": "standby",
+    }
 
 
 def test_a_lease_minted_on_a_is_accepted_on_b(cluster: Cluster) -> None:
@@ -437,7 +445,12 @@ def test_killing_the_leader_moves_the_singletons_and_the_survivor_finishes_its_i
 
     def a_leads() -> Any:
         body = a.get("/readyz").json()
-        return body if body["singletons"] == {"retention": "leader", "intent-recovery": "leader"} else None
+        return (
+            body
+            if body["singletons"]
+            == {"retention": "leader", "webhook-retention": "leader", "intent-recovery": "leader"}
+            else None
+        )
 
     wait_until(a_leads, "a takes the singleton roles over")
     # b's intent, never acknowledged by a gateway, is re-broadcast and followed to the end by a.
