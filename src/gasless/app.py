@@ -33,6 +33,7 @@ from gasless.crypto import PurposeKeys
 from gasless.db import create_engine, ping, upgrade
 from gasless.db.leader import SingletonRunner
 from gasless.errors import ApiError
+from gasless.idempotency import IdempotencyStore
 from gasless.keys import routes as key_routes
 from gasless.keys.repository import ApiKeyRepository
 from gasless.keys.service import ApiKeyService
@@ -59,6 +60,11 @@ from gasless.settings import Settings
 from gasless.signer import FencedSigner, PemSigner, Signer
 from gasless.streams import routes as stream_routes
 from gasless.streams.service import StreamService, build_stream_service
+from gasless.webhooks import routes as webhook_routes
+from gasless.webhooks.delivery import DeliveryRetention, Dispatcher, IntentRecorder, ObservedIntentBus
+from gasless.webhooks.repository import WebhookRepository
+from gasless.webhooks.service import WebhookService
+from gasless.webhooks.ssrf import AddressPolicy
 
 log = structlog.get_logger("gasless.app")
 
@@ -116,6 +122,11 @@ class HostState:
     api_key_service: ApiKeyService | None = None
     # Account streams and their tickets (needs only Redis or this process: usable before the relay core).
     streams: StreamService | None = None
+    # Webhooks and the generic Idempotency-Key store (database only: usable before the relay core).
+    webhooks: WebhookService | None = None
+    webhook_dispatcher: Dispatcher | None = None
+    webhook_recorder: IntentRecorder | None = None
+    idempotency: IdempotencyStore | None = None
     startup_error: str | None = None
 
     # Account-stream event ids (spec "Account stream" 3-4): `<hostId>.<bootEpochMs>.<seq>`. Only ids this
@@ -256,6 +267,8 @@ async def _start_relay_core(
     leases = LeaseCodec(state.keys)
     repo = IntentRepository(state.engine)
     bus: IntentBus = MeteredIntentBus(state.metrics)
+    if state.webhook_recorder is not None:
+        bus = ObservedIntentBus(bus, state.webhook_recorder.observe)
     broadcaster = Broadcaster(gateway, repo, bus)
     # The tracker follows this host's intents (and adopted ones while it leads recovery).
     tracked = HostIntents(state.engine, settings.host_id)
@@ -313,6 +326,8 @@ async def _start_relay_core(
     )
     retention = Retention(repo)
     singletons.add("retention", retention)
+    if state.webhooks is not None and state.idempotency is not None:
+        singletons.add("webhook-retention", DeliveryRetention(state.webhooks.repo, state.idempotency))
     singletons.add(RECOVERY_ROLE, OrphanAdopter(tracked, singletons))
     await singletons.start()
     state.retention, state.singletons = retention, singletons
@@ -335,6 +350,32 @@ async def _stop_relay_core(state: HostState) -> None:
                 await part.stop()
     if state.broadcaster is not None:
         await state.broadcaster.drain(2.0)
+
+
+async def _start_webhooks(state: HostState, settings: Settings) -> None:
+    """Webhook management, the event recorder and this host's delivery worker (database only)."""
+    assert state.engine is not None
+    repo = WebhookRepository(state.engine)
+    service = WebhookService(
+        repo,
+        state.keys,
+        AddressPolicy.from_cidrs(settings.webhook_local_receiver_cidrs),
+        state.cursors,
+        max_attempts=len(settings.webhook_retry_backoff_ms) + 1,
+    )
+    dispatcher = Dispatcher(
+        service,
+        repo,
+        worker_id=f"{settings.host_id}.{state.boot_epoch_ms}",
+        timeout_ms=settings.webhook_timeout_ms,
+        backoff_ms=settings.webhook_retry_backoff_ms,
+        poll_ms=settings.webhook_poll_ms,
+    )
+    recorder = IntentRecorder(service)
+    state.idempotency = IdempotencyStore(state.engine, state.keys)
+    state.webhooks, state.webhook_dispatcher, state.webhook_recorder = service, dispatcher, recorder
+    await recorder.start()
+    await dispatcher.start()
 
 
 def create_app(
@@ -378,6 +419,7 @@ def create_app(
             state.api_key_service = ApiKeyService(ApiKeyRepository(state.engine), state.keys)
             state.streams = build_stream_service(settings, state.keys, state.redis, state.boot_epoch_ms)
             await state.streams.start()
+            await _start_webhooks(state, settings)
             # Serve at once (/readyz answers 503) while the relay core restores its state.
             startup = asyncio.create_task(
                 _start_relay_core(state, settings, signer_wrapper, entitlement_factory), name="startup"
@@ -391,6 +433,10 @@ def create_app(
             await _stop_relay_core(state)
             if state.streams is not None:
                 await state.streams.stop()
+            for part in (state.webhook_recorder, state.webhook_dispatcher):
+                if part is not None:
+                    with contextlib.suppress(Exception):
+                        await part.stop()
             await state.limits.close()
             if state.redis is not None:
                 await state.redis.aclose()
@@ -426,6 +472,7 @@ def create_app(
     app.include_router(auth_routes.router)
     app.include_router(key_routes.router)
     app.include_router(stream_routes.router)
+    app.include_router(webhook_routes.router)
     app.include_router(auth_routes.admin_router)
     install_openapi(app, (*relay_routes.EXTRA_SCHEMAS, *stream_routes.EXTRA_SCHEMAS))
 

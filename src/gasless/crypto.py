@@ -17,7 +17,18 @@ from functools import lru_cache
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-PURPOSES = ("lease", "quote", "flags", "ticket", "api-key", "webhook-seal", "cursor", "fence", "action")
+PURPOSES = (
+    "lease",
+    "quote",
+    "flags",
+    "ticket",
+    "api-key",
+    "webhook-seal",
+    "idempotency-seal",
+    "cursor",
+    "fence",
+    "action",
+)
 
 
 def b64url(raw: bytes) -> str:

@@ -260,6 +260,33 @@ OPERATIONS.update(
     }
 )
 
+
+def _webhook_route(*extra: int, url: bool = False, idempotent: bool = False) -> OperationContract:
+    """Webhook routes: as the key routes, plus WEBHOOK_URL_NOT_ALLOWED where a URL is judged and the
+    Idempotency-Key answers where the header is accepted."""
+    contract = _key_route(*extra)
+    problems = dict(contract.problems)
+    if url:
+        problems[422] = ("WEBHOOK_URL_NOT_ALLOWED",)
+    if idempotent:
+        problems[409] = (*problems.get(409, ()), "IDEMPOTENCY_IN_PROGRESS")
+        problems[422] = (*problems.get(422, ()), "IDEMPOTENCY_KEY_REUSED")
+    return OperationContract(problems, security=NATIVE_AUTH_ONLY)
+
+
+OPERATIONS.update(
+    {
+        "listWebhooks": _webhook_route(),
+        "createWebhook": _webhook_route(409, 413, url=True, idempotent=True),
+        "getWebhook": _webhook_route(404),
+        "updateWebhook": _webhook_route(404, 413, url=True),
+        "deleteWebhook": _webhook_route(404),
+        "testWebhook": _webhook_route(404, idempotent=True),
+        "rotateWebhookSecret": _webhook_route(404),
+        "listWebhookDeliveries": _webhook_route(404),
+    }
+)
+
 _DEFAULT_401 = {NATIVE_AUTH: _TOKEN_ERRORS, API_KEY: ("API_KEY_INVALID",), X402: ()}
 
 

@@ -7,6 +7,7 @@ Everything the spec lists as differing between networks comes from the profile.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from dataclasses import dataclass
@@ -128,6 +129,26 @@ class Settings(BaseSettings):
     simulate: Literal["always", "contract_calls", "never"] = "contract_calls"
     max_clock_offset_ms: int = Field(default=5_000, ge=100)
     native_auth_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Webhooks (docs/webhooks.md). `webhook_local_receiver_cidrs` is for tests and localnet ONLY: it lets
+    # webhooks reach addresses in these networks, over plain http and any port. Empty (the default) means
+    # public https on port 443 only.
+    webhook_local_receiver_cidrs: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    webhook_timeout_ms: int = Field(default=10_000, ge=100, le=60_000)
+    webhook_retry_backoff_ms: Annotated[list[int], NoDecode] = Field(
+        default_factory=lambda: [
+            10_000,
+            60_000,
+            300_000,
+            1_800_000,
+            3_600_000,
+            10_800_000,
+            21_600_000,
+            43_200_000,
+        ],
+        min_length=0,
+        max_length=20,
+    )
+    webhook_poll_ms: int = Field(default=1_000, ge=10, le=60_000)
 
     # Account stream (`GET /v1/stream`): keep-alive comment interval (spec 15 000 ms; a proxy with a shorter
     # idle timeout needs less) and the coalescing window (spec 4 to 10 Hz: 100 to 250 ms).
@@ -160,7 +181,13 @@ class Settings(BaseSettings):
         merged = {**file_source(), **overrides}
         return cls(**merged)
 
-    @field_validator("relayer_key_files", "native_auth_origins", mode="before")
+    @field_validator(
+        "relayer_key_files",
+        "native_auth_origins",
+        "webhook_local_receiver_cidrs",
+        "webhook_retry_backoff_ms",
+        mode="before",
+    )
     @classmethod
     def _split_list(cls, value: Any) -> Any:
         if isinstance(value, str):
@@ -191,6 +218,13 @@ class Settings(BaseSettings):
             if not url.startswith(("http://", "https://")):
                 raise ValueError(f"gateway URL must be http(s): {url!r}")
         return [url.rstrip("/") for url in value]
+
+    @field_validator("webhook_local_receiver_cidrs")
+    @classmethod
+    def _check_cidrs(cls, value: list[str]) -> list[str]:
+        for cidr in value:
+            ipaddress.ip_network(cidr, strict=False)  # ValueError names the bad entry
+        return value
 
     @model_validator(mode="after")
     def _check_production_needs(self) -> Settings:

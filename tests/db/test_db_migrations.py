@@ -33,6 +33,9 @@ TABLES = {
     "rejections",
     "signer_fences",
     "api_keys",
+    "webhooks",
+    "webhook_deliveries",
+    "idempotency_keys",
 }
 ADDRESS = "erd1qyu5wthldzr8wx5c9ucg8kjagg0jfs53s8nr3zpz3hypefsdd8ssycr6th"
 
@@ -56,7 +59,7 @@ def _relayer(**overrides: Any) -> dict[str, Any]:
 
 
 async def test_upgrade_from_empty_reaches_head(db_engine: AsyncEngine, database_url: str) -> None:
-    assert head_revision() == "0003"
+    assert head_revision() == "0004"
     assert await current_revision(db_engine) is None
     assert await is_up_to_date(db_engine) is False
 

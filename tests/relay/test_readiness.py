@@ -57,7 +57,11 @@ def test_readyz_is_503_while_the_host_restores(tmp_path: Path, unpaused_localnet
             set_faults(localnet, {"gateway": {"latencyMs": {}}})
             ready = wait_readyz(client, 200)
             assert ready["status"] == "ok" and ready["checks"]["restore"] == "ok"
-            assert ready["singletons"] == {"retention": "leader", "intent-recovery": "leader"}
+            assert ready["singletons"] == {
+                "retention": "leader",
+                "webhook-retention": "leader",
+                "intent-recovery": "leader",
+            }
     finally:
         set_faults(localnet, {"gateway": {"latencyMs": {}}})
 

@@ -282,8 +282,16 @@ def test_hosts_report_their_identity_readiness_and_leadership(cluster: Cluster) 
             "restore": "ok", "database": "ok", "gateway": "ok", "redis": "ok", "clock": "ok", "signer": "ok",
         }  # fmt: skip
     # Each singleton runs on exactly one host: b, which started first.
-    assert ready["b"].json()["singletons"] == {"retention": "leader", "intent-recovery": "leader"}
-    assert ready["a"].json()["singletons"] == {"retention": "standby", "intent-recovery": "standby"}
+    assert ready["b"].json()["singletons"] == {
+        "retention": "leader",
+        "webhook-retention": "leader",
+        "intent-recovery": "leader",
+    }
+    assert ready["a"].json()["singletons"] == {
+        "retention": "standby",
+        "webhook-retention": "standby",
+        "intent-recovery": "standby",
+    }
 
 
 def test_a_lease_minted_on_a_is_accepted_on_b(cluster: Cluster) -> None:
@@ -419,8 +427,8 @@ def test_metrics_on_the_admin_port_after_relays(cluster: Cluster) -> None:
         for h in scraped
     }
     assert leader == {
-        "b": {"retention": 1.0, "intent-recovery": 1.0},
-        "a": {"retention": 0.0, "intent-recovery": 0.0},
+        "b": {"retention": 1.0, "webhook-retention": 1.0, "intent-recovery": 1.0},
+        "a": {"retention": 0.0, "webhook-retention": 0.0, "intent-recovery": 0.0},
     }
     # The admin port serves metrics and health only; the API port does not serve metrics.
     a = cluster.hosts["a"]
@@ -449,7 +457,12 @@ def test_killing_the_leader_moves_the_singletons_and_the_survivor_finishes_its_i
 
     def a_leads() -> Any:
         body = a.get("/readyz").json()
-        return body if body["singletons"] == {"retention": "leader", "intent-recovery": "leader"} else None
+        return (
+            body
+            if body["singletons"]
+            == {"retention": "leader", "webhook-retention": "leader", "intent-recovery": "leader"}
+            else None
+        )
 
     wait_until(a_leads, "a takes the singleton roles over")
     # b's intent, never acknowledged by a gateway, is re-broadcast and followed to the end by a.
@@ -458,7 +471,7 @@ def test_killing_the_leader_moves_the_singletons_and_the_survivor_finishes_its_i
     assert final["cosignedAtMs"] == relayed.json()["intent"]["cosignedAtMs"]
     assert cluster.submissions(tx_hash) >= 1
     leader = {labels["role"]: value for labels, value in a.scrape()["gasless_singleton_leader"]}
-    assert leader == {"retention": 1.0, "intent-recovery": 1.0}
+    assert leader == {"retention": 1.0, "webhook-retention": 1.0, "intent-recovery": 1.0}
     adopted = [json.loads(line) for line in a.log_path.read_text().splitlines() if "adopting" in line]
     assert [entry["hosts"] for entry in adopted] == [["b"]]
 

@@ -192,3 +192,73 @@ api_keys = Table(
     CheckConstraint("slot IS NULL OR slot >= 0", name="slot"),
 )
 Index(None, api_keys.c.account, api_keys.c.env)
+
+# Webhooks of an account (at most 10, counted under a per-account lock). Signing secrets are stored sealed
+# (AES-GCM under the `webhook-seal` purpose key, the webhook id as associated data); after a rotation the
+# previous secret keeps signing until `previous_expires_at_ms`.
+webhooks = Table(
+    "webhooks",
+    metadata,
+    Column("webhook_id", String(32), primary_key=True),
+    Column("account", String(62), nullable=False),
+    Column("env", String(8), nullable=False),
+    Column("url", Text, nullable=False),
+    Column("event_types", JsonDoc, nullable=False),
+    Column("enabled", Boolean, nullable=False),
+    Column("description", String(128), nullable=True),
+    Column("secret_sealed", Text, nullable=False),
+    Column("previous_secret_sealed", Text, nullable=True),
+    Column("previous_expires_at_ms", UnixMs, nullable=True),
+    Column("created_at_ms", UnixMs, nullable=False),
+    Column("updated_at_ms", UnixMs, nullable=False),
+)
+Index(None, webhooks.c.account, webhooks.c.env)
+
+# The outbox and delivery log in one: a row is written when the event happens (one per subscribed webhook,
+# unique per (webhook, event)), claimed by a delivery worker for one attempt at a time, and kept 30 days.
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("delivery_id", String(32), primary_key=True),
+    Column("webhook_id", String(32), nullable=False),
+    Column("account", String(62), nullable=False),
+    Column("event_id", String(96), nullable=False),
+    Column("event_type", String(48), nullable=False),
+    Column("payload", JsonDoc, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("next_attempt_at_ms", UnixMs, nullable=False),
+    Column("claimed_by", String(64), nullable=True),
+    Column("claimed_until_ms", UnixMs, nullable=True),
+    Column("last_status_code", Integer, nullable=True),
+    Column("last_latency_ms", Integer, nullable=True),
+    Column("last_error", String(200), nullable=True),
+    Column("created_at_ms", UnixMs, nullable=False),
+    Column("updated_at_ms", UnixMs, nullable=False),
+    Column("completed_at_ms", UnixMs, nullable=True),
+    UniqueConstraint("webhook_id", "event_id"),
+    CheckConstraint("status IN ('pending', 'succeeded', 'failed')", name="status"),
+)
+Index(None, webhook_deliveries.c.status, webhook_deliveries.c.next_attempt_at_ms)
+Index(None, webhook_deliveries.c.webhook_id, webhook_deliveries.c.created_at_ms)
+Index(None, webhook_deliveries.c.created_at_ms)
+
+# Generic Idempotency-Key records of POST writes, per (scope, operation, SHA-256 of the key), kept
+# 86 400 000 ms. The stored response is sealed (AES-GCM, `idempotency-seal` purpose key).
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("scope", String(62), primary_key=True),
+    Column("operation", String(48), primary_key=True),
+    Column("key_digest", Hash32, primary_key=True),
+    Column("request_digest", Hash32, nullable=False),
+    Column("state", String(8), nullable=False),
+    Column("status_code", Integer, nullable=True),
+    Column("response_sealed", Text, nullable=True),
+    Column("locked_until_ms", UnixMs, nullable=False),
+    Column("created_at_ms", UnixMs, nullable=False),
+    Column("expires_at_ms", UnixMs, nullable=False),
+    CheckConstraint("state IN ('running', 'done')", name="state"),
+)
+Index(None, idempotency_keys.c.expires_at_ms)
