@@ -39,10 +39,6 @@ NOT_YET_REACHABLE = {
     "UNSUPPORTED_TX_FIELD": "purchases",
     "QUOTE_EXPIRED": "purchases",
     "RENEW_NOT_APPLICABLE": "purchases",
-    # Webhooks, idempotent writes and the account stream.
-    "WEBHOOK_URL_NOT_ALLOWED": "webhooks",
-    "IDEMPOTENCY_KEY_REUSED": "webhooks",
-    "IDEMPOTENCY_IN_PROGRESS": "webhooks",
 }
 
 

@@ -36,6 +36,10 @@ TABLES = {
     "webhooks",
     "webhook_deliveries",
     "idempotency_keys",
+    "reservations",
+    "account_period_usage",
+    "settlement_batches",
+    "usage_ledger",
 }
 ADDRESS = "erd1qyu5wthldzr8wx5c9ucg8kjagg0jfs53s8nr3zpz3hypefsdd8ssycr6th"
 
@@ -59,7 +63,7 @@ def _relayer(**overrides: Any) -> dict[str, Any]:
 
 
 async def test_upgrade_from_empty_reaches_head(db_engine: AsyncEngine, database_url: str) -> None:
-    assert head_revision() == "0004"
+    assert head_revision() == "0005"
     assert await current_revision(db_engine) is None
     assert await is_up_to_date(db_engine) is False
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gasless.db.engine import begin_write, create_engine, dialect_insert, ping
 from gasless.db.migrate import current_revision, downgrade, head_revision, is_up_to_date, upgrade
 from gasless.db.tables import (
+    account_period_usage,
     api_keys,
     intent_keys,
     intents,
@@ -12,13 +13,17 @@ from gasless.db.tables import (
     rejections,
     relayer_state_history,
     relayers,
+    reservations,
     service_meta,
+    settlement_batches,
     signer_fences,
+    usage_ledger,
 )
 from gasless.db.types import Atto, Hash32, JsonDoc, Micro, UnixMs
 
 __all__ = [
     "Atto",
+    "account_period_usage",
     "api_keys",
     "Hash32",
     "JsonDoc",
@@ -36,7 +41,10 @@ __all__ = [
     "intent_keys",
     "intents",
     "rejections",
+    "reservations",
+    "settlement_batches",
     "signer_fences",
+    "usage_ledger",
     "relayer_state_history",
     "relayers",
     "service_meta",

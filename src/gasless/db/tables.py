@@ -19,7 +19,7 @@ from sqlalchemy import (
     false,
 )
 
-from gasless.db.types import Atto, BigId, Hash32, JsonDoc, UnixMs
+from gasless.db.types import Atto, BigId, Hash32, JsonDoc, Micro, UnixMs
 
 # Deterministic constraint names keep migrations (and SQLite batch rebuilds) stable.
 NAMING_CONVENTION = {
@@ -262,3 +262,106 @@ idempotency_keys = Table(
     CheckConstraint("state IN ('running', 'done')", name="state"),
 )
 Index(None, idempotency_keys.c.expires_at_ms)
+
+# Billing --------------------------------------------------------------------------------------------------
+BILLING_CLASSES = ("plan", "payg", "sponsor", "free")
+_CLASS_SQL = ", ".join(f"'{name}'" for name in BILLING_CLASSES)
+
+# One reservation per co-signed intent, made in the commit transaction (the billing seam of
+# IntentRepository.commit): `reserved` until the chain settles the intent, then `settled` (executed: a
+# billed ledger row) or `released` (dead: never billed).
+reservations = Table(
+    "reservations",
+    metadata,
+    Column("intent_pk", BigId, ForeignKey("intents.pk"), primary_key=True),
+    Column("account", String(62), nullable=False),
+    Column("billing_class", String(8), nullable=False),
+    Column("ru", Integer, nullable=False),
+    Column("payg_micro", Micro, nullable=False),
+    Column("period_id", BigInteger, nullable=True),
+    Column("api_key_id", String(16), nullable=True),
+    Column("state", String(10), nullable=False),
+    Column("created_at_ms", UnixMs, nullable=False),
+    Column("updated_at_ms", UnixMs, nullable=False),
+    CheckConstraint(f"billing_class IN ({_CLASS_SQL})", name="billing_class"),
+    CheckConstraint("state IN ('reserved', 'settled', 'released')", name="state"),
+    CheckConstraint("ru >= 0 AND payg_micro >= 0", name="amounts"),
+)
+Index(None, reservations.c.account, reservations.c.state)
+
+# RU drawn from a plan block per account and period (reserved + settled; a release gives it back). The
+# plan cap is enforced by one conditional UPDATE in the commit transaction, so racing relays on any host
+# never overspend a plan.
+account_period_usage = Table(
+    "account_period_usage",
+    metadata,
+    Column("account", String(62), primary_key=True),
+    Column("period_id", BigInteger, primary_key=True),
+    Column("ru_used", BigInteger, nullable=False),
+    Column("updated_at_ms", UnixMs, nullable=False),
+    CheckConstraint("ru_used >= 0", name="ru_used"),
+)
+
+# settleUsage batches: built from ledger rows, submitted by the owner key, committed once the
+# `usageSettled` event is final.
+settlement_batches = Table(
+    "settlement_batches",
+    metadata,
+    Column("batch_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("usage_root", Hash32, nullable=False),
+    Column("row_count", Integer, nullable=False),
+    Column("total_ru", BigInteger, nullable=False),
+    Column("state", String(10), nullable=False),
+    Column("tx_hash", Hash32, nullable=True),
+    Column("created_at_ms", UnixMs, nullable=False),
+    Column("submitted_at_ms", UnixMs, nullable=True),
+    Column("committed_at_ms", UnixMs, nullable=True),
+    CheckConstraint("state IN ('built', 'submitted', 'committed', 'failed')", name="state"),
+)
+
+# The usage ledger (spec: Usage rows): one row per terminal intent, keyed by transaction hash. Executed
+# intents are `success`/`failed` and billed; dead ones `dead` and never billed (billing members null).
+usage_ledger = Table(
+    "usage_ledger",
+    metadata,
+    Column("tx_hash", Hash32, primary_key=True),
+    Column("intent_pk", BigId, ForeignKey("intents.pk"), nullable=False),
+    Column("account", String(62), nullable=True),  # who paid, or would have paid for a dead intent
+    Column("sender", String(62), nullable=False),
+    Column("nonce", BigInteger, nullable=False),
+    Column("receiver", String(62), nullable=False),
+    Column("function", String(255), nullable=True),
+    Column("sender_shard", SmallInteger, nullable=False),
+    Column("relayer", String(62), nullable=False),
+    Column("status", String(8), nullable=False),
+    Column("billed", Boolean, nullable=False),
+    Column("billing_class", String(8), nullable=True),
+    Column("ru", Integer, nullable=True),
+    Column("payg_micro", Micro, nullable=True),
+    Column("period_id", BigInteger, nullable=True),
+    Column("api_key_id", String(16), nullable=True),
+    Column("gas_limit", BigInteger, nullable=False),
+    Column("gas_price", BigInteger, nullable=False),
+    Column("received_at_ms", UnixMs, nullable=True),
+    Column("cosigned_at_ms", UnixMs, nullable=False),
+    Column("broadcast_at_ms", UnixMs, nullable=True),
+    Column("executed_block_ts_ms", UnixMs, nullable=True),
+    Column("finalized_at_ms", UnixMs, nullable=True),
+    Column("terminal_at_ms", UnixMs, nullable=False),  # executedBlockTsMs, else the terminal time
+    Column("dead_reason", Text, nullable=True),
+    Column("first_ack_gateway", String(255), nullable=True),
+    Column("batch_id", BigInteger, ForeignKey("settlement_batches.batch_id"), nullable=True),
+    Column("leaf_index", Integer, nullable=True),
+    Column("created_at_ms", UnixMs, nullable=False),
+    UniqueConstraint("intent_pk"),
+    CheckConstraint("status IN ('success', 'failed', 'dead')", name="status"),
+    CheckConstraint(f"billing_class IS NULL OR billing_class IN ({_CLASS_SQL})", name="billing_class"),
+    CheckConstraint(
+        "billed OR (billing_class IS NULL AND ru IS NULL AND payg_micro IS NULL AND period_id IS NULL)",
+        name="unbilled",
+    ),
+    CheckConstraint("NOT billed OR status <> 'dead'", name="dead_unbilled"),
+)
+Index(None, usage_ledger.c.account, usage_ledger.c.terminal_at_ms)
+Index(None, usage_ledger.c.batch_id)
+Index(None, usage_ledger.c.sender, usage_ledger.c.nonce)
