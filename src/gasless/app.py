@@ -61,7 +61,7 @@ from gasless.signer import FencedSigner, PemSigner, Signer
 from gasless.streams import routes as stream_routes
 from gasless.streams.service import StreamService, build_stream_service
 from gasless.webhooks import routes as webhook_routes
-from gasless.webhooks.delivery import DeliveryRetention, Dispatcher, IntentRecorder, ObservedIntentBus
+from gasless.webhooks.delivery import DeliveryRetention, Dispatcher, IntentRecorder
 from gasless.webhooks.repository import WebhookRepository
 from gasless.webhooks.service import WebhookService
 from gasless.webhooks.ssrf import AddressPolicy
@@ -268,7 +268,7 @@ async def _start_relay_core(
     repo = IntentRepository(state.engine)
     bus: IntentBus = MeteredIntentBus(state.metrics)
     if state.webhook_recorder is not None:
-        bus = ObservedIntentBus(bus, state.webhook_recorder.observe)
+        bus.listen(state.webhook_recorder.observe)
     broadcaster = Broadcaster(gateway, repo, bus)
     # The tracker follows this host's intents (and adopted ones while it leads recovery).
     tracked = HostIntents(state.engine, settings.host_id)
