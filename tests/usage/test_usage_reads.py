@@ -190,7 +190,11 @@ def test_relays_on_localnet_show_in_usage_with_rejections(env: Any, auth: Any) -
         return [r for r in listed if r["state"] == "REJECTED"]
 
     shown = _wait(rejected)[0]
-    assert shown["rejectCode"] == "INTENT_ALREADY_EXECUTED" and shown["billed"] is False and shown["status"] is None
+    assert (
+        shown["rejectCode"] == "INTENT_ALREADY_EXECUTED"
+        and shown["billed"] is False
+        and shown["status"] is None
+    )
     assert "signature" not in shown
     assert [r["txHash"] for r in _all(env, auth, owner, account=owner.address)] == [tx_hash]
     only_rejected = _all(env, auth, owner, account=owner.address, includeInFlight="true", state="REJECTED")
