@@ -19,7 +19,6 @@ NOT_YET_REACHABLE = {
     "FREE_FLOW_BUSY": "billing",
     "FREE_FLOW_BARRED": "billing",
     "FREE_FLOW_UNAVAILABLE": "billing",
-    "PAYG_PRICE_ABOVE_MAX": "billing",
     # Pricing, purchase builders and x402.
     "SWAP_VENUE_PAUSED": "purchases",
     "PRICE_ABOVE_MAX": "purchases",

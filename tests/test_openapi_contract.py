@@ -281,7 +281,9 @@ def test_security_schemes_and_requirements(document: dict[str, Any]) -> None:
     assert by_id["createStreamTicket"]["security"] == [{"nativeAuth": []}, {"apiKey": []}]
     assert by_id["streamAccountEvents"]["security"] == [{"nativeAuth": []}, {"apiKey": []}, {}]
     streams = {"createStreamTicket", "streamAccountEvents"}
-    public = set(by_id) - {"relayTransaction", "assignRelayer"} - native_auth_only - streams
+    usage = {"listUsage", "getUsageRow", "getUsageSummary"}  # native-auth or a read key
+    assert all(by_id[op_id]["security"] == [{"nativeAuth": []}, {"apiKey": []}] for op_id in usage)
+    public = set(by_id) - {"relayTransaction", "assignRelayer"} - native_auth_only - streams - usage
     assert public and all(by_id[op_id]["security"] == [] for op_id in public)
     for op_id, operation in by_id.items():
         headers = {p["name"].lower() for p in operation.get("parameters", []) if p["in"] == "header"}

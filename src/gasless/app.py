@@ -63,6 +63,7 @@ from gasless.settings import Settings
 from gasless.signer import FencedSigner, PemSigner, Signer
 from gasless.streams import routes as stream_routes
 from gasless.streams.service import StreamService, build_stream_service
+from gasless.usage import routes as usage_routes
 from gasless.webhooks import routes as webhook_routes
 from gasless.webhooks.delivery import DeliveryRetention, Dispatcher, IntentRecorder
 from gasless.webhooks.repository import WebhookRepository
@@ -488,6 +489,7 @@ def create_app(
     app.include_router(key_routes.router)
     app.include_router(stream_routes.router)
     app.include_router(webhook_routes.router)
+    app.include_router(usage_routes.router)
     app.include_router(auth_routes.admin_router)
     install_openapi(app, (*relay_routes.EXTRA_SCHEMAS, *stream_routes.EXTRA_SCHEMAS))
 

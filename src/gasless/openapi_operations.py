@@ -327,3 +327,30 @@ def default_contract(path: str, operation: Mapping[str, Any]) -> OperationContra
 
 def security_of(operation: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(requirement) for requirement in operation.get("security", ()))
+
+
+# Usage reads (spec: Dashboard read models): native-auth owner/sender or a sponsor key with `read`.
+def _usage_route(*extra: int) -> OperationContract:
+    problems: dict[int, tuple[str, ...]] = {
+        400: ("MALFORMED_REQUEST",),
+        401: _NATIVE_ROUTE_401,
+        403: ("FORBIDDEN", "API_KEY_SCOPE", "ORIGIN_NOT_ALLOWED"),
+        429: ("RATE_LIMITED",),
+        500: ("INTERNAL",),
+        503: _STARTING,
+    }
+    if 404 in extra:
+        problems[404] = ("NOT_FOUND",)
+    return OperationContract(problems, security=NATIVE_AUTH_OR_API_KEY)
+
+
+OPERATIONS.update(
+    {
+        "listUsage": dataclasses.replace(
+            _usage_route(),
+            problems={**_usage_route().problems, 400: ("MALFORMED_REQUEST", "CURSOR_INVALID")},
+        ),
+        "getUsageSummary": _usage_route(),
+        "getUsageRow": _usage_route(404),
+    }
+)

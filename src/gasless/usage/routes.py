@@ -1,0 +1,246 @@
+"""Usage routes: thin adapters to UsageService (native-auth owner/sender, or a sponsor key with `read`)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+
+from gasless.auth.deps import AccountAccess, ApiKeyHeader, AuthorizationHeader, read_access_to
+from gasless.chain.addresses import InvalidAddress, parse_address
+from gasless.errors import ApiError
+from gasless.pages import PageQuery
+from gasless.route_limits import Caller, account_rate, enforce
+from gasless.streams.service import AccountRateClass
+from gasless.usage.repository import UsageFilters, UsageRepository
+from gasless.usage.schemas import (
+    BILLING_CLASSES,
+    ROW_STATES,
+    USAGE_STATUSES,
+    UsageRowDetail,
+    UsageRowsPage,
+    UsageSummary,
+)
+from gasless.usage.service import UsageService
+
+router = APIRouter(tags=["usage"])
+NO_STORE = "private, no-store"
+_HASH = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+def _host(request: Request) -> Any:
+    return request.app.state.host
+
+
+def _starting() -> ApiError:
+    return ApiError("UPSTREAM_UNAVAILABLE", detail="this host is starting", details={"retryAfterMs": 1_000})
+
+
+def usage_service(request: Request) -> UsageService:
+    """One service per app, built on first use (the relay core wires the engine and network at start)."""
+    host = _host(request)
+    if host.engine is None or host.network is None:
+        raise _starting()
+    service: UsageService | None = getattr(request.app.state, "usage_service", None)
+    if service is None:
+        network = host.network
+        service = UsageService(
+            UsageRepository(host.engine),
+            host.cursors,
+            host.mirror,
+            lambda: int(network.params.round_duration_ms),
+        )
+        request.app.state.usage_service = service
+    return service
+
+
+def _rate_classes(request: Request) -> AccountRateClass | None:
+    mirror = _host(request).mirror
+    if mirror is None:
+        return None
+    found: AccountRateClass | None = getattr(request.app.state, "usage_rate_classes", None)
+    if found is None:
+        found = AccountRateClass(mirror)
+        request.app.state.usage_rate_classes = found
+    return found
+
+
+def _address(value: str, field: str) -> str:
+    try:
+        return parse_address(value.strip()).to_bech32()
+    except InvalidAddress:
+        raise ApiError(
+            "MALFORMED_REQUEST", detail=f"{field} is not a valid erd1 address", details={"field": field}
+        ) from None
+
+
+def _names(value: str | None, field: str, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    names = tuple(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
+    unknown = [name for name in names if name not in allowed]
+    if not names or unknown:
+        raise ApiError(
+            "MALFORMED_REQUEST",
+            detail=f"{field} is a comma-separated list of {', '.join(allowed)}"
+            + (f"; unknown: {', '.join(unknown)}" if unknown else ""),
+            details={"field": field},
+        )
+    return names
+
+
+def _shards(value: str | None) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    try:
+        shards = tuple(sorted({int(part) for part in value.split(",") if part.strip()}))
+    except ValueError:
+        shards = ()
+    if not shards or any(s < 0 or s > 4_294_967_295 for s in shards):
+        raise ApiError(
+            "MALFORMED_REQUEST",
+            detail="shard is a comma-separated list of shard numbers (metachain: 4294967295)",
+            details={"field": "shard"},
+        )
+    return shards
+
+
+AccountQuery = Annotated[str, Query(max_length=100, description="the account (bech32), required")]
+
+
+async def usage_access(
+    request: Request, account: AccountQuery, authorization: AuthorizationHeader, api_key: ApiKeyHeader
+) -> AccountAccess:
+    """DashboardRead for the `account` query parameter."""
+    return await read_access_to(request, account, authorization, api_key)
+
+
+async def _reader(request: Request, access: AccountAccess = Depends(usage_access)) -> Caller:  # noqa: B008
+    classes = _rate_classes(request)
+    rate_class = await classes.of(access.account) if classes is not None else None
+    return Caller(account=access.account, rate_class=rate_class)
+
+
+# "Private reads": per account, by the account's rate class.
+PRIVATE_READ = account_rate("private_read_class", caller=_reader)
+
+
+@router.get(
+    "/v1/usage",
+    operation_id="listUsage",
+    response_model=UsageRowsPage,
+    dependencies=[PRIVATE_READ],
+    summary="The account's usage rows, newest first (in-flight and REJECTED ones with includeInFlight)",
+)
+async def list_usage(
+    request: Request,
+    response: Response,
+    access: Annotated[AccountAccess, Depends(usage_access)],
+    page: PageQuery,
+    sender: Annotated[str | None, Query(max_length=100)] = None,
+    relayer: Annotated[str | None, Query(max_length=100)] = None,
+    status: Annotated[str | None, Query(max_length=64, description="success,failed,dead")] = None,
+    state: Annotated[
+        str | None, Query(max_length=128, description="IntentState list; only with includeInFlight=true")
+    ] = None,
+    shard: Annotated[str | None, Query(max_length=64, description="sender shards, comma-separated")] = None,
+    min_inclusion_ms: Annotated[int | None, Query(alias="minInclusionMs", ge=0, le=2**53 - 1)] = None,
+    q: Annotated[
+        str | None,
+        Query(min_length=3, max_length=64, description="prefix of txHash, sender, receiver or function"),
+    ] = None,
+    billing_class: Annotated[
+        Literal["plan", "payg", "sponsor", "free"] | None, Query(alias="billingClass")
+    ] = None,
+    period_id: Annotated[int | None, Query(alias="periodId", ge=0, le=2**53 - 1)] = None,
+    api_key_id: Annotated[str | None, Query(alias="apiKeyId", max_length=16)] = None,
+    include_in_flight: Annotated[bool, Query(alias="includeInFlight")] = False,
+) -> UsageRowsPage:
+    states = _names(state, "state", ROW_STATES)
+    if states is not None and not include_in_flight:
+        raise ApiError(
+            "MALFORMED_REQUEST",
+            detail="state filters in-flight and REJECTED rows: it needs includeInFlight=true (use status "
+            "for terminal rows)",
+            details={"field": "state"},
+        )
+    assert billing_class is None or billing_class in BILLING_CLASSES
+    filters = UsageFilters(
+        account=access.account,
+        sender=_address(sender, "sender") if sender is not None else None,
+        relayer=_address(relayer, "relayer") if relayer is not None else None,
+        statuses=_names(status, "status", USAGE_STATUSES),
+        states=states,
+        shards=_shards(shard),
+        min_inclusion_ms=min_inclusion_ms,
+        q=q,
+        billing_class=billing_class,
+        period_id=period_id,
+        api_key_id=api_key_id,
+        include_in_flight=include_in_flight,
+    )
+    response.headers["Cache-Control"] = NO_STORE
+    return await usage_service(request).page(filters, page)
+
+
+@router.get(
+    "/v1/usage/summary",
+    operation_id="getUsageSummary",
+    response_model=UsageSummary,
+    dependencies=[PRIVATE_READ],
+    summary="Period totals (billed rows), a bucketed series and the top senders and receivers",
+)
+async def get_usage_summary(
+    request: Request,
+    response: Response,
+    access: Annotated[AccountAccess, Depends(usage_access)],
+    period_id: Annotated[
+        int | None,
+        Query(alias="periodId", ge=0, le=2**53 - 1, description="the period's start (ms); default current"),
+    ] = None,
+    bucket: Annotated[Literal["hour", "day"], Query()] = "day",
+) -> UsageSummary:
+    response.headers["Cache-Control"] = NO_STORE
+    return await usage_service(request).summary(access.account, period_id, bucket)
+
+
+@router.get(
+    "/v1/usage/{txHash}",
+    operation_id="getUsageRow",
+    response_model=UsageRowDetail,
+    summary="One usage row with its settlement batch and the gateway acknowledgements",
+)
+async def get_usage_row(
+    request: Request,
+    response: Response,
+    tx_hash: Annotated[str, Path(alias="txHash", max_length=64, description="64-hex transaction hash")],
+    authorization: AuthorizationHeader,
+    api_key: ApiKeyHeader,
+) -> UsageRowDetail:
+    if not _HASH.match(tx_hash):
+        raise ApiError(
+            "MALFORMED_REQUEST", detail="txHash is 64 hexadecimal characters", details={"field": "txHash"}
+        )
+    if authorization is None and api_key is None:
+        raise ApiError(
+            "UNAUTHENTICATED",
+            detail="this route needs a native-auth token in 'Authorization: Bearer <token>', or a sponsor "
+            "API key with the 'read' scope in X-Api-Key",
+            headers={"WWW-Authenticate": 'Bearer realm="gasless"'},
+        )
+    found = await usage_service(request).row(tx_hash.lower())
+    if found is None:
+        raise ApiError("NOT_FOUND", detail="no usage row or in-flight intent has this transaction hash")
+    account, detail = found
+    access = await read_access_to(request, account, authorization, api_key)
+    classes = _rate_classes(request)
+    await enforce(
+        request,
+        "private_read_class",
+        access.account,
+        "account",
+        rate_class=await classes.of(access.account) if classes is not None else None,
+    )
+    response.headers["Cache-Control"] = NO_STORE
+    return detail

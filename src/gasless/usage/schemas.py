@@ -1,0 +1,125 @@
+"""Usage rows, the single-row view and the usage summary, named as the spec names them."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from gasless.relay.schemas import IntentLatency, IntentState
+
+UsageStatus = Literal["success", "failed", "dead"]
+BillingClass = Literal["plan", "payg", "sponsor", "free"]
+USAGE_STATUSES: tuple[str, ...] = ("success", "failed", "dead")
+BILLING_CLASSES: tuple[str, ...] = ("plan", "payg", "sponsor", "free")
+ROW_STATES: tuple[str, ...] = ("COSIGNED", "BROADCAST", "EXECUTED", "FINALIZED", "DEAD", "REJECTED")
+
+
+class UsageRow(BaseModel):
+    """One terminal intent of the ledger; with `includeInFlight=true` also an in-flight intent (`inFlight`)
+    or a submission refused before the commit point (`state: REJECTED`, `rejectCode`)."""
+
+    txHash: str | None = Field(description="64-hex hash; null only for a REJECTED submission without one")
+    id: str = Field(description="`<sender>:<nonce>`")
+    sender: str
+    nonce: int
+    receiver: str | None
+    function: str | None = Field(description="the called function, null for a plain transfer")
+    relayer: str | None
+    senderShard: int
+    status: UsageStatus | None = Field(description="terminal status; null for in-flight and REJECTED rows")
+    state: IntentState = Field(description="the intent's state (EXECUTED/FINALIZED/DEAD for ledger rows)")
+    inFlight: bool
+    billed: bool
+    billingClass: BillingClass | None = Field(description="null when `billed` is false")
+    ru: int | None = Field(description="Relay Units billed; null when `billed` is false")
+    paygMicro: int | None = Field(description="pay-as-you-go micro-USDC billed; null when not billed")
+    periodId: int | None = Field(description="the plan period (its start, ms); null when not billed or PAYG")
+    apiKeyId: str | None = Field(description="the sponsor key that paid; null when not billed")
+    gasLimit: int | None
+    gasPrice: int | None
+    receivedAtMs: int | None
+    cosignedAtMs: int | None
+    broadcastAtMs: int | None
+    executedBlockTsMs: int | None
+    finalizedAtMs: int | None
+    terminalAtMs: int | None = Field(description="the ordering time: executedBlockTsMs, else terminal time")
+    latency: IntentLatency
+    deadReason: str | None = None
+    rejectCode: str | None = None
+    batchId: int | None = Field(default=None, description="the settlement batch, once the row is in one")
+
+
+class UsageRowsPage(BaseModel):
+    items: list[UsageRow]
+    nextCursor: str | None = Field(description="pass as `cursor` for the next page; null on the last page")
+
+
+class SettlementBatch(BaseModel):
+    batchId: int
+    state: Literal["built", "submitted", "committed", "failed"]
+    usageRoot: str = Field(description="hex SHA-256 Merkle root of the batch's ledger rows")
+    rowCount: int
+    totalRu: int
+    leafIndex: int | None
+    txHash: str | None = Field(description="the settleUsage transaction, once submitted")
+    createdAtMs: int
+    submittedAtMs: int | None
+    committedAtMs: int | None
+
+
+class GatewayAck(BaseModel):
+    gateway: str | None = Field(description="the acknowledging gateway when known (null: not recorded)")
+    atMs: int
+    first: bool
+
+
+class UsageRowDetail(BaseModel):
+    """`GET /v1/usage/{txHash}`: the row, its settlement batch and the gateway acknowledgements."""
+
+    row: UsageRow
+    settlement: SettlementBatch | None
+    acknowledgements: list[GatewayAck]
+
+
+class LatencyPercentiles(BaseModel):
+    p50Ms: int | None
+    p95Ms: int | None
+    p99Ms: int | None
+
+
+class UsageTotals(BaseModel):
+    ru: int = Field(description="RU of billed rows")
+    paygMicro: int = Field(description="pay-as-you-go micro-USDC of billed rows")
+    txCount: int = Field(description="billed rows")
+    failCount: int = Field(description="billed rows with status failed")
+    txCountByStatus: dict[str, int] = Field(
+        description="every row of the period by status: success, failed, dead, rejected"
+    )
+    ruByClass: dict[str, int]
+
+
+class UsageBucket(BaseModel):
+    startMs: int
+    ru: int
+    paygMicro: int
+    txCount: int = Field(description="billed rows ending in the bucket")
+    failCount: int
+    inclusion: LatencyPercentiles
+
+
+class UsageTop(BaseModel):
+    address: str
+    ru: int
+    txCount: int
+
+
+class UsageSummary(BaseModel):
+    account: str
+    periodId: int
+    periodEndMs: int = Field(description="exclusive end of the period (periodId + 2 592 000 000)")
+    bucket: Literal["hour", "day"]
+    totals: UsageTotals
+    series: list[UsageBucket] = Field(description="buckets with at least one row, oldest first")
+    topSenders: list[UsageTop] = Field(description="at most 10, by billed RU then billed tx count")
+    topReceivers: list[UsageTop]
