@@ -380,7 +380,11 @@ def _add_billing_workers(
     if contract is None:
         return
     follower = MirrorFollower(
-        repo, gateway, contract, poll_ms=settings.mirror_poll_ms, start_hyperblock=settings.mirror_start_hyperblock
+        repo,
+        gateway,
+        contract,
+        poll_ms=settings.mirror_poll_ms,
+        start_hyperblock=settings.mirror_start_hyperblock,
     )
     invalidate = getattr(mirror, "invalidate", None)  # the relay core's cached views of a changed account
     if invalidate is not None:
@@ -390,7 +394,9 @@ def _add_billing_workers(
     settlements = SettlementRepository(state.engine)
     worker: SettlementWorker | None = None
     if settings.owner_key_file is not None:
-        owner = OwnerTransactor(gateway, load_owner_key(settings.owner_key_file), contract, settings.network.chain_id)
+        owner = OwnerTransactor(
+            gateway, load_owner_key(settings.owner_key_file), contract, settings.network.chain_id
+        )
         worker = SettlementWorker(
             settlements,
             gateway,
