@@ -186,7 +186,7 @@ def settle_now(
             if batch is not None and batch["tx_hash"]:
                 with console.status(f"waiting for settleUsage {batch['tx_hash']}"):
                     state, reason = await owner.outcome(batch["tx_hash"])
-                batch["execution"] = state if reason is None else f"{state}: {reason}"
+                batch["execution"] = state if not reason else f"{state}: {reason}"
             return batch
         finally:
             await engine.dispose()
