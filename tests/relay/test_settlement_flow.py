@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from gasless.cli import app as cli
 from gasless.client.native_auth import make_native_auth_token
 from gasless.db.tables import intents, settlement_batches, usage_ledger
-from gasless.settlement.proofs import usage_settled_events, verify_proof
+from gasless.settlement import usage_settled_events, verify_proof
 
 runner = CliRunner()
 
