@@ -27,6 +27,9 @@ from gasless.auth.actions import ActionSignatures
 from gasless.auth.native_auth import NativeAuthVerifier
 from gasless.auth.origins import OriginMiddleware, OriginPolicy
 from gasless.auth.roles import AccountRoles
+from gasless.billing.entitlement import AdmissionPolicy, BillingEntitlement
+from gasless.billing.gate import BillingGate, FreeFlowLimits
+from gasless.billing.limiter import AccountLimiter, PlatformBudget
 from gasless.body_limit import BodyLimitMiddleware
 from gasless.chain.gateway import GatewayClient
 from gasless.chain.network import NetworkView
@@ -49,7 +52,7 @@ from gasless.pages import CursorCodec
 from gasless.problems import RequestIdMiddleware, install_problem_handlers
 from gasless.relay import routes as relay_routes
 from gasless.relay.assign import AssignService
-from gasless.relay.entitlement import ContractEntitlement, ContractMirror, Entitlement
+from gasless.relay.entitlement import ContractMirror, Entitlement
 from gasless.relay.events import IntentBus
 from gasless.relay.jobs import Broadcaster, Retention, Tracker
 from gasless.relay.leases import LeaseCodec
@@ -69,7 +72,7 @@ from gasless.signer import FencedSigner, PemSigner, Signer
 from gasless.streams import routes as stream_routes
 from gasless.streams.service import StreamService, build_stream_service
 from gasless.webhooks import routes as webhook_routes
-from gasless.webhooks.delivery import DeliveryRetention, Dispatcher, IntentRecorder, ObservedIntentBus
+from gasless.webhooks.delivery import DeliveryRetention, Dispatcher, IntentRecorder
 from gasless.webhooks.repository import WebhookRepository
 from gasless.webhooks.service import WebhookService
 from gasless.webhooks.ssrf import AddressPolicy
@@ -286,21 +289,32 @@ async def _start_relay_core(
     repo = IntentRepository(state.engine)
     bus: IntentBus = MeteredIntentBus(state.metrics)
     if state.webhook_recorder is not None:
-        bus = ObservedIntentBus(bus, state.webhook_recorder.observe)
+        bus.listen(state.webhook_recorder.observe)
     broadcaster = Broadcaster(gateway, repo, bus)
     # The tracker follows this host's intents (and adopted ones while it leads recovery).
     tracked = HostIntents(state.engine, settings.host_id)
     tracker = Tracker(gateway, network, tracked, bus, broadcaster)
     mirror = ContractMirror(gateway, settings.network.contract_address)
+    billing_entitlement = BillingEntitlement(
+        mirror,
+        chain_id=settings.network.chain_id,
+        base_url=settings.network.api_base_url,
+        payment_token=settings.network.payment_token,
+        policy=AdmissionPolicy.of(deploy=settings.billing_deploy_allowlist),
+    )
     entitlement: Entitlement = (
-        entitlement_factory(mirror)
-        if entitlement_factory is not None
-        else ContractEntitlement(
-            mirror,
-            chain_id=settings.network.chain_id,
-            base_url=settings.network.api_base_url,
-            payment_token=settings.network.payment_token,
-        )
+        entitlement_factory(mirror) if entitlement_factory is not None else billing_entitlement
+    )
+    billing = BillingGate(
+        state.engine,
+        billing_entitlement,
+        AccountLimiter(
+            state.limits.rates,
+            platform=PlatformBudget(
+                settings.billing_platform_ru_per_second, settings.billing_platform_ru_burst
+            ),
+        ),
+        free_flow=FreeFlowLimits(platform_per_day=settings.billing_free_flow_platform_per_day),
     )
     native_auth = NativeAuthVerifier(network.blocks, accepted_origins=settings.effective_native_auth_origins)
     assign = AssignService(
@@ -333,6 +347,7 @@ async def _start_relay_core(
         broadcaster=broadcaster,
         tracker=tracker,
         assign=assign,
+        billing=billing,
     )
     state.repo, state.bus, state.broadcaster, state.tracker = repo, bus, broadcaster, tracker
     recovered = await tracker.recover()

@@ -60,6 +60,33 @@ def bucket_decision(rate: Rate, tokens: float, allowed: bool, cost: float) -> De
     return Decision(allowed, rate.burst, int(tokens), retry_ms, reset_ms)
 
 
+@dataclass(frozen=True)
+class Take:
+    """One dimension of an all-or-nothing take: `cost` tokens from `bucket`/`key` refilled at `rate`."""
+
+    bucket: str
+    key: str
+    rate: Rate
+    cost: float
+
+
+@dataclass(frozen=True)
+class MultiDecision:
+    """The outcome of an all-or-nothing take: `refused` is the index of the first dimension that could not
+    pay (None when every one did and all were taken); `decisions` has one Decision per dimension."""
+
+    refused: int | None
+    decisions: tuple[Decision, ...]
+
+    @property
+    def allowed(self) -> bool:
+        return self.refused is None
+
+    def tightest(self) -> Decision:
+        """The dimension with the fewest remaining tokens relative to its limit (for RateLimit-*)."""
+        return min(self.decisions, key=lambda d: d.remaining / max(1, d.limit))
+
+
 class TokenBuckets:
     """`rate` tokens per second up to `burst`, per key; the least recently used keys are forgotten."""
 
@@ -92,6 +119,10 @@ class RateLimiter(Protocol):
         """Take `cost` tokens from `bucket`/`key` (created full), or refuse without taking any."""
         ...
 
+    async def take_all(self, takes: list[Take]) -> MultiDecision:
+        """Take every dimension or none (the first that cannot pay is `refused`)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -107,6 +138,11 @@ class ConcurrencyLimiter(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+def refill(tokens: float, stamp: float, now: float, rate: Rate) -> tuple[float, float]:
+    """A bucket's tokens at `now` (a clock that steps back never mints tokens)."""
+    return min(float(rate.burst), tokens + max(0.0, now - stamp) * rate.per_second), max(now, stamp)
 
 
 class LocalRateLimiter:
@@ -126,6 +162,38 @@ class LocalRateLimiter:
             group = TokenBuckets(rate.per_second, rate.burst, max_keys=self.max_keys, clock=self.clock)
             self._groups[(bucket, rate)] = group
         return group.take(key, cost)
+
+    async def take_all(self, takes: list[Take]) -> MultiDecision:
+        return self.take_all_now(takes)
+
+    def take_all_now(self, takes: list[Take]) -> MultiDecision:
+        """Every take or none: all buckets are refilled and checked first, then all are debited."""
+        now = self.clock()
+        states: list[tuple[TokenBuckets, float, float]] = []
+        refused: int | None = None
+        for index, take in enumerate(takes):
+            group = self._groups.get((take.bucket, take.rate))
+            if group is None:
+                group = TokenBuckets(
+                    take.rate.per_second, take.rate.burst, max_keys=self.max_keys, clock=self.clock
+                )
+                self._groups[(take.bucket, take.rate)] = group
+            tokens, stamp = group._buckets.pop(take.key, (float(take.rate.burst), now))
+            tokens, stamp = refill(tokens, stamp, now, take.rate)
+            if refused is None and tokens < take.cost:
+                refused = index
+            states.append((group, tokens, stamp))
+        decisions = []
+        for take, (group, tokens, stamp) in zip(takes, states, strict=True):
+            if refused is None:
+                tokens -= take.cost
+            group._buckets[take.key] = (tokens, stamp)
+            if len(group._buckets) > group.max_keys:
+                group._buckets.popitem(last=False)
+            decisions.append(
+                bucket_decision(take.rate, tokens, refused is None or tokens >= take.cost, take.cost)
+            )
+        return MultiDecision(refused, tuple(decisions))
 
     async def close(self) -> None:
         return None

@@ -26,8 +26,10 @@ from gasless.limits import (
     Decision,
     LocalConcurrencyLimiter,
     LocalRateLimiter,
+    MultiDecision,
     Rate,
     Slot,
+    Take,
     bucket_decision,
     concurrency_decision,
 )
@@ -63,6 +65,55 @@ end
 redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'stamp', tostring(stamp))
 redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
 return {allowed, tostring(tokens)}
+"""
+
+# All-or-nothing over n buckets. KEYS: the buckets; ARGV[1] now_ms ("" = Redis TIME), then per bucket
+# (per_second, burst, cost). Returns {refused index (1-based, 0 = none), tokens...}.
+_TAKE_ALL = """
+local now = tonumber(ARGV[1])
+if not now then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+end
+local n = #KEYS
+local tokens = {}
+local stamps = {}
+local refused = 0
+for i = 1, n do
+  local rate = tonumber(ARGV[2 + (i - 1) * 3])
+  local burst = tonumber(ARGV[3 + (i - 1) * 3])
+  local cost = tonumber(ARGV[4 + (i - 1) * 3])
+  local state = redis.call('HMGET', KEYS[i], 'tokens', 'stamp')
+  local tk = tonumber(state[1])
+  local st = tonumber(state[2])
+  if tk == nil or st == nil then
+    tk = burst
+    st = now
+  end
+  if now > st then
+    tk = math.min(burst, tk + (now - st) * rate / 1000)
+    st = now
+  end
+  if refused == 0 and tk < cost then
+    refused = i
+  end
+  tokens[i] = tk
+  stamps[i] = st
+end
+local out = {refused}
+for i = 1, n do
+  local rate = tonumber(ARGV[2 + (i - 1) * 3])
+  local burst = tonumber(ARGV[3 + (i - 1) * 3])
+  local cost = tonumber(ARGV[4 + (i - 1) * 3])
+  local tk = tokens[i]
+  if refused == 0 then
+    tk = tk - cost
+  end
+  redis.call('HSET', KEYS[i], 'tokens', tostring(tk), 'stamp', tostring(stamps[i]))
+  redis.call('PEXPIRE', KEYS[i], math.ceil((burst - tk) / rate * 1000) + 1000)
+  out[i + 1] = tostring(tk)
+end
+return out
 """
 
 # KEYS[1] lease set; ARGV: limit, lease_ms, lease id, now_ms ("" = Redis TIME). Returns {acquired, held}.
@@ -134,6 +185,7 @@ class RedisRateLimiter:
         self.namespace = namespace
         self.clock = clock
         self._take = redis.register_script(_TAKE)
+        self._take_all = redis.register_script(_TAKE_ALL)
         self._fallback = LocalRateLimiter()
         self._health = _Health("rate limits")
 
@@ -153,6 +205,27 @@ class RedisRateLimiter:
             return self._fallback.take_now(bucket, key, rate, cost)
         self._health.ok()
         return bucket_decision(rate, float(tokens), bool(int(allowed)), cost)
+
+    async def take_all(self, takes: list[Take]) -> MultiDecision:
+        """Every take or none, in one script (atomic across hosts)."""
+        if self._health.skip():
+            return self._fallback.take_all_now(takes)
+        args: list[str | int] = [_now_arg(self.clock)]
+        for take in takes:
+            args += [repr(float(take.rate.per_second)), take.rate.burst, repr(float(take.cost))]
+        try:
+            answer = await self._take_all(keys=[self.key(t.bucket, t.key) for t in takes], args=args)
+        except (RedisError, OSError) as exc:
+            self._health.failed(exc)
+            return self._fallback.take_all_now(takes)
+        self._health.ok()
+        refused = int(answer[0]) - 1
+        ok = refused < 0
+        decisions = tuple(
+            bucket_decision(t.rate, float(tokens), ok or float(tokens) >= t.cost, t.cost)
+            for t, tokens in zip(takes, answer[1:], strict=True)
+        )
+        return MultiDecision(None if ok else refused, decisions)
 
     async def close(self) -> None:
         return None

@@ -128,6 +128,12 @@ class Settings(BaseSettings):
     signer_fence_ttl_ms: int = Field(default=10_000, ge=1_000, le=600_000)
     simulate: Literal["always", "contract_calls", "never"] = "contract_calls"
     max_clock_offset_ms: int = Field(default=5_000, ge=100)
+    # Billing (docs/billing.md): the platform-wide admission budget in RU, the platform's free-flow budget,
+    # and the accounts allow-listed for deployments/upgrades.
+    billing_platform_ru_per_second: float = Field(default=2_000, gt=0)
+    billing_platform_ru_burst: int = Field(default=6_000, ge=25)
+    billing_free_flow_platform_per_day: int = Field(default=50_000, ge=0)
+    billing_deploy_allowlist: list[str] = Field(default_factory=list)
     native_auth_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Webhooks (docs/webhooks.md). `webhook_local_receiver_cidrs` is for tests and localnet ONLY: it lets
     # webhooks reach addresses in these networks, over plain http and any port. Empty (the default) means

@@ -5,223 +5,24 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
-from multiversx_sdk import Transaction, TransactionComputer, UserSecretKey
+from multiversx_sdk import Transaction
+from relay_kit import (  # noqa: F401  (re-exported for the directories that load this conftest by path)
+    MASTER_SECRET,
+    RelayEnv,
+    Sender,
+    _addr,
+    key_in_shard,
+    relay_settings,
+    start_env,
+    unthrottled_limits,
+    wait_ready,
+)
 
-from gasless.app import create_app
-from gasless.chain.addresses import address_of, shard_of_pubkey
-from gasless.limits import Rate, RouteLimitTable
-from gasless.localnet.owner import owner_call, unpause
-from gasless.relay.checks import presence_message
-from gasless.settings import Settings
-
-MASTER_SECRET = "relay-tests-master-secret-0123456789abcdef"
-
-
-def unthrottled_limits() -> RouteLimitTable:
-    """The spec's request-limit table with every class but assignment out of reach: functional tests read
-    status and validate far more often than one IP may (test_route_limits.py tests those classes, with the
-    spec's table and tight ones of its own); the assignment limits stay as the spec sets them."""
-    huge = 1_000_000
-    values: dict[str, Any] = {}
-    for name, value in vars(RouteLimitTable()).items():
-        if name.startswith("assign_"):
-            continue
-        if isinstance(value, Rate):
-            values[name] = Rate(huge, huge)
-        elif isinstance(value, int):
-            values[name] = huge
-        else:
-            values[name] = {c: Rate(huge, huge) if isinstance(v, Rate) else huge for c, v in value.items()}
-    return RouteLimitTable(**values)
-
-
-_computer = TransactionComputer()
-
-
-def key_in_shard(shard: int) -> UserSecretKey:
-    while True:
-        key = UserSecretKey.generate()
-        if shard_of_pubkey(key.generate_public_key().buffer) == shard:
-            return key
-
-
-@dataclass
-class Sender:
-    key: UserSecretKey
-    nonce: int = 0
-
-    @property
-    def address(self) -> str:
-        return address_of(self.key.generate_public_key().buffer).to_bech32()
-
-    @property
-    def shard(self) -> int:
-        return shard_of_pubkey(self.key.generate_public_key().buffer)
-
-
-@dataclass
-class RelayEnv:
-    client: TestClient
-    localnet: Any
-    settings: Settings
-    contract: str
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    # Chain helpers ----------------------------------------------------------------------------------
-    def owner(self, function: str, args: list[Any]) -> str:
-        return asyncio.run(
-            owner_call(self.localnet.url, self.localnet.net.genesis.owner, self.contract, function, args)
-        )
-
-    def new_sender(self, shard: int = 1, *, plan: bool = True) -> Sender:
-        sender = Sender(key_in_shard(shard))
-        if plan:
-            self.owner("grant", [address_of(sender.key.generate_public_key().buffer), 3, 1])
-        return sender
-
-    # API helpers ----------------------------------------------------------------------------------
-    def proof(self, sender: Sender, *, at_ms: int | None = None, kind: str = "key") -> dict[str, Any]:
-        now = at_ms if at_ms is not None else int(time.time() * 1000)
-        message = presence_message(self.settings.network.chain_id, sender.address, now)
-        return {"kind": kind, "serverTimeMs": now, "signature": sender.key.sign(message).hex()}
-
-    def assign(self, sender: Sender, **extra: Any) -> dict[str, Any]:
-        body = {"sender": sender.address, "proof": self.proof(sender), **extra}
-        response = self.client.post("/v1/relay/assign", json=body)
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def build(
-        self,
-        sender: Sender,
-        assignment: dict[str, Any],
-        *,
-        receiver: str | None = None,
-        nonce: int | None = None,
-        value: int = 0,
-        data: bytes = b"",
-        gas_limit: int | None = None,
-        gas_price: int = 1_000_000_000,
-        sign: bool = True,
-        **fields: Any,
-    ) -> Transaction:
-        tx = Transaction(
-            sender=address_of(sender.key.generate_public_key().buffer),
-            receiver=address_of(key_in_shard(sender.shard).generate_public_key().buffer)
-            if receiver is None
-            else _addr(receiver),
-            gas_limit=gas_limit if gas_limit is not None else 100_000 + 1_500 * len(data),
-            chain_id=self.settings.network.chain_id,
-            nonce=sender.nonce if nonce is None else nonce,
-            value=value,
-            data=data,
-            gas_price=gas_price,
-            version=2,
-            relayer=_addr(assignment["relayer"]),
-            **fields,
-        )
-        if sign:
-            tx.signature = sender.key.sign(_computer.compute_bytes_for_signing(tx))
-        return tx
-
-    def relay(self, tx: Transaction, lease: str | None, **extra: Any) -> Any:
-        body: dict[str, Any] = {"tx": tx.to_dictionary()}
-        if lease is not None:
-            body["lease"] = lease
-        body.update(extra.pop("body", {}))
-        return self.client.post("/v1/relay", json=body, **extra)
-
-    def wait_state(self, ident: str, states: tuple[str, ...], timeout: float = 15.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        last: dict[str, Any] = {}
-        while time.monotonic() < deadline:
-            response = self.client.get(f"/v1/relay/{ident}")
-            if response.status_code == 200:
-                last = response.json()
-                if last["state"] in states:
-                    return last
-            time.sleep(0.05)
-        raise AssertionError(f"{ident} did not reach {states}; last {last}")
-
-    def wait_mirror(self, timeout: float = 15.0) -> int:
-        """Wait until the contract mirror applied every hyperblock existing now (final one round later)."""
-        import json as _json
-        import urllib.request
-
-        with urllib.request.urlopen(f"{self.localnet.url}/network/status/4294967295", timeout=5) as answer:
-            target = int(_json.loads(answer.read())["data"]["status"]["erd_nonce"])
-        follower = self.client.app.state.host.mirror_follower  # type: ignore[attr-defined]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if follower.cursor is not None and follower.cursor >= target:
-                return target
-            time.sleep(0.02)
-        raise AssertionError(f"the mirror did not reach hyperblock {target}; at {follower.cursor}")
-
-    def faults(self, **body: Any) -> None:
-        import json as _json
-        import urllib.request
-
-        request = urllib.request.Request(
-            f"{self.localnet.url}/localnet/faults",
-            data=_json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
-            method="POST",
-        )
-        urllib.request.urlopen(request, timeout=5).read()
-
-
-def _addr(bech32: str) -> Any:
-    from gasless.chain.addresses import parse_address
-
-    return parse_address(bech32)
-
-
-def relay_settings(tmp_path: Path, localnet: Any, **overrides: Any) -> Settings:
-    info = localnet.net.info
-    values: dict[str, Any] = {
-        "profile": "localnet",
-        "host_id": "a",
-        "master_secret": MASTER_SECRET,
-        "gateway_urls": localnet.urls,
-        "database_url": f"sqlite+aiosqlite:///{(tmp_path / 'api.db').as_posix()}",
-        "data_dir": tmp_path,
-        "contract_address": info["contract"],
-        "pair_address": info.get("pair"),
-        "wrapper_address": info.get("wrapper"),
-        "relayer_key_files": [w.path for w in localnet.net.genesis.relayers],
-        "relayer_refresh_ms": 200,
-        "signer_fence_ttl_ms": 2_000,
-    }
-    values.update(overrides)
-    return Settings(**values)
-
-
-def start_env(
-    tmp_path: Path, localnet: Any, *, app_kwargs: dict[str, Any] | None = None, **overrides: Any
-) -> Iterator[RelayEnv]:
-    settings = relay_settings(tmp_path, localnet, **overrides)
-    contract = localnet.net.info["contract"]
-    kwargs: dict[str, Any] = {"route_limits": unthrottled_limits(), **(app_kwargs or {})}
-    with TestClient(create_app(settings, **kwargs)) as client:
-        wait_ready(client)
-        yield RelayEnv(client, localnet, settings, contract)
-
-
-def wait_ready(client: TestClient, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        response = client.get("/readyz")
-        if response.status_code == 200:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"host not ready: {client.get('/readyz').json()}")
+from gasless.localnet.owner import unpause
 
 
 @pytest.fixture
@@ -302,6 +103,11 @@ SPEC_ERRORS: dict[str, tuple[int, bool, str | None, tuple[str, ...]]] = {
     "SIGNER_UNAVAILABLE": (503, True, "SAME_BYTES", ()),
     "SIGNER_FENCED": (503, True, "SAME_BYTES", ()),
     "INTERNAL": (500, True, "SAME_BYTES", ()),
+    "QUOTA_EXHAUSTED": (429, False, "NONE", ("reason",)),
+    "GAS_BUDGET_EXCEEDED": (429, True, "SAME_BYTES", ("retryAfterMs",)),
+    "HOURLY_BURN_EXCEEDED": (429, True, "SAME_BYTES", ()),
+    "SENDER_NOT_AUTHORIZED": (403, False, "NONE", ("reason", "account")),
+    "RECEIVER_NOT_ALLOWED": (403, False, "NONE", ()),
     "NOT_FOUND": (404, False, None, ()),
     "PAYLOAD_TOO_LARGE": (413, False, None, ()),
     "CURSOR_INVALID": (400, False, None, ()),

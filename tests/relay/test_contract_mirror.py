@@ -15,8 +15,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import RelayEnv, start_env
 from multiversx_sdk import Address, TransactionComputer, UserSecretKey
+from relay_kit import RelayEnv, start_env
 
 from gasless.chain.abi import load_billing_abi
 from gasless.chain.addresses import address_of

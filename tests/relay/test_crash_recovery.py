@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from conftest import MASTER_SECRET, key_in_shard  # type: ignore[import-not-found]
 from multiversx_sdk import Transaction, TransactionComputer
+from relay_kit import MASTER_SECRET, key_in_shard  # type: ignore[import-not-found]
 
 from gasless.chain.addresses import address_of, parse_address
 from gasless.relay.checks import presence_message
@@ -75,8 +75,6 @@ def faults(localnet: Any, body: dict[str, Any]) -> None:
 def test_sigkill_after_commit_point_loses_nothing(tmp_path: Path, unpaused_localnet: Any) -> None:
     localnet = unpaused_localnet
     import asyncio
-
-    from conftest import RelayEnv  # noqa: F401  (fixtures module; the owner helper lives there)
 
     from gasless.localnet.owner import owner_call
 

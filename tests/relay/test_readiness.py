@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from conftest import key_in_shard, relay_settings  # type: ignore[import-not-found]
 from fastapi.testclient import TestClient
+from relay_kit import key_in_shard, relay_settings  # type: ignore[import-not-found]
 
 from gasless.app import create_app
 from gasless.chain.addresses import address_of

@@ -11,8 +11,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from conftest import RelayEnv
-from sqlalchemy import create_engine, insert, select
+from relay_kit import RelayEnv
+from sqlalchemy import create_engine, insert, select, update
 from typer.testing import CliRunner
 
 from gasless.cli import app as cli
@@ -44,16 +44,28 @@ def relay_finalized(env: RelayEnv, sender: Any, count: int) -> list[str]:
 def ledger_rows(
     env: RelayEnv, hashes: list[str], *, account: str, billing_class: str, ru: int, payg: int
 ) -> None:
-    """Billed usage rows for executed intents, as the billing core writes them."""
+    """Billed usage rows for executed intents with the given billing (the billing core writes the row
+    when the intent executes; the test fixes its class and amounts, e.g. a pay-as-you-go charge)."""
     engine = create_engine(_sync_url(env))
+    billing = {
+        "account": account,
+        "billed": True,
+        "billing_class": billing_class,
+        "ru": ru,
+        "payg_micro": payg,
+    }
     with engine.begin() as conn:
         for tx_hash in hashes:
             intent = conn.execute(select(intents).where(intents.c.tx_hash == tx_hash)).one()
+            written = conn.execute(
+                update(usage_ledger).where(usage_ledger.c.tx_hash == tx_hash).values(**billing)
+            ).rowcount
+            if written:
+                continue
             conn.execute(
                 insert(usage_ledger).values(
                     tx_hash=tx_hash,
                     intent_pk=intent.pk,
-                    account=account,
                     sender=intent.sender,
                     nonce=intent.nonce,
                     receiver=intent.receiver,
@@ -61,10 +73,6 @@ def ledger_rows(
                     sender_shard=intent.sender_shard,
                     relayer=intent.relayer,
                     status="success",
-                    billed=True,
-                    billing_class=billing_class,
-                    ru=ru,
-                    payg_micro=payg,
                     period_id=None,
                     api_key_id=None,
                     gas_limit=intent.gas_limit,
@@ -73,6 +81,7 @@ def ledger_rows(
                     executed_block_ts_ms=intent.executed_block_ts_ms,
                     terminal_at_ms=intent.executed_block_ts_ms or intent.cosigned_at_ms,
                     created_at_ms=int(time.time() * 1000),
+                    **billing,
                 )
             )
     engine.dispose()

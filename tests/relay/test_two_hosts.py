@@ -25,9 +25,9 @@ from typing import Any
 
 import pytest
 import requests
-from conftest import MASTER_SECRET, key_in_shard  # type: ignore[import-not-found]
 from multiversx_sdk import Transaction, TransactionComputer, UserPEM, UserSecretKey
 from prometheus_client.parser import text_string_to_metric_families
+from relay_kit import MASTER_SECRET, key_in_shard  # type: ignore[import-not-found]
 
 from gasless.chain.addresses import address_of, parse_address
 from gasless.chain.codec import signing_bytes

@@ -42,12 +42,6 @@ problem = relay_env.problem
 auth = auth_env.auth
 platform_problem = auth_env.platform_problem
 AuthKit = auth_env.AuthKit
-# Relay tests import helpers with `from conftest import ...` at run time, when `conftest` may name the last
-# conftest module imported (this one): the same names are offered here.
-RelayEnv = relay_env.RelayEnv
-MASTER_SECRET = relay_env.MASTER_SECRET
-key_in_shard = relay_env.key_in_shard
-relay_settings = relay_env.relay_settings
 
 
 def check_ticket_invalid(response: Any, reason: str) -> dict[str, Any]:

@@ -1,9 +1,6 @@
-"""Who pays for a relay: the seam the billing issue fills in.
+"""Who pays for a relay: the `Entitlement` seam, its decision, and `ContractMirror` (cached contract views).
 
-For now the signed transaction is the credential when the sender has an account in the contract or is an
-authorised sender of one (read through `ContractMirror`, a cached view of the contract); calls listed in
-the contract's free operations are relayed free. Everything else is `402 NO_ENTITLEMENT` with a
-`PAYMENT-REQUIRED` header for the transaction's sender.
+The billing implementation of the seam is `gasless.billing.entitlement.BillingEntitlement`.
 """
 
 from __future__ import annotations
@@ -21,28 +18,59 @@ from multiversx_sdk import Transaction
 from gasless.chain.abi import decode_outputs, load_billing_abi
 from gasless.chain.addresses import address_of, parse_address
 from gasless.chain.gateway import GatewayClient
-from gasless.errors import ApiError
 
 DEPOSIT_FUNCTIONS = frozenset({"deposit", "depositFor", "depositAndSubscribe"})
 
 
 @dataclass(frozen=True)
 class EntitlementDecision:
+    """Who pays for a relay and what the reservation at the commit point needs.
+
+    `billing_class` is the class asked for (`plan`, `payg`, `sponsor` or `free`); a plan whose period cap
+    is spent falls back to pay-as-you-go at the commit point when `payg_price_micro` is set.
+    """
+
     billing_class: str  # plan | payg | sponsor | free
     account: str | None
     auth_mode: str = "signed_tx"
+    ru: int = 0
+    rate_class: int | None = None
+    period_id: int | None = None  # the running plan period's start (ms); None without a period cap
+    included_ru: int | None = None  # the period cap
+    payg_price_micro: int | None = None  # per RU, when pay-as-you-go may pay
+    payg_cap_micro: int | None = None  # escrow (and budget) available to pay-as-you-go
+    api_key_id: str | None = None
+    function: str | None = None
 
     @property
     def free(self) -> bool:
         return self.billing_class == "free"
 
     def as_json(self) -> dict[str, Any]:
-        return {"authMode": self.auth_mode, "billingClass": self.billing_class, "account": self.account}
+        """Stored with the intent: the public members (BillingInfo) plus what the reservation reads."""
+        return {
+            "authMode": self.auth_mode,
+            "billingClass": self.billing_class,
+            "account": self.account,
+            "ru": self.ru,
+            "free": self.free,
+            "rateClass": self.rate_class,
+            "periodId": self.period_id,
+            "includedRu": self.included_ru,
+            "paygPriceMicro": self.payg_price_micro,
+            "paygCapMicro": self.payg_cap_micro,
+            "apiKeyId": self.api_key_id,
+            "function": self.function,
+        }
 
 
 class Entitlement(Protocol):
-    async def decide(self, tx: Transaction, sender: str, api_key: str | None) -> EntitlementDecision:
-        """The paying side of this relay, or ApiError (NO_ENTITLEMENT, CONTRACT_PAUSED, ...)."""
+    async def decide(
+        self, tx: Transaction, sender: str, sponsor: Any | None, *, free_allowed: bool = True
+    ) -> EntitlementDecision:
+        """The paying side of this relay, or ApiError (NO_ENTITLEMENT, CONTRACT_PAUSED, ...). `sponsor` is
+        the verified sponsor key (gasless.keys.service.SponsorKey) when one came with the request;
+        `free_allowed=False` bills a free operation as a normal relay (free-flow limits passed)."""
         ...
 
 
@@ -95,6 +123,18 @@ class _Cached:
                 self._values.pop(stale, None)
         return value
 
+    def forget(self, subject: str | None) -> None:
+        """Drop the entries naming `subject` (an address) in their key, or every entry."""
+        if subject is None:
+            self._values.clear()
+            return
+        for key in [k for k in self._values if isinstance(k, tuple) and subject in k]:
+            self._values.pop(key, None)
+        # A sender's lookup may name the account only in its value.
+        for key, (_, value) in list(self._values.items()):
+            if key[0] == "account" and isinstance(value, tuple) and value and value[0] == subject:
+                self._values.pop(key, None)
+
 
 class ContractMirror:
     """Cached reads of the billing contract's views (a convenience; purchases read the views directly)."""
@@ -115,6 +155,19 @@ class ContractMirror:
 
     async def pause_state(self) -> Any:
         return await self._cache.get(("pause",), lambda: self._view("getPauseState"), ttl_ms=1_000)
+
+    async def rate_classes(self) -> dict[int, Any]:
+        views = await self._cache.get(("rateClasses",), lambda: self._view("getRateClasses"), ttl_ms=10_000)
+        return {int(rc.id): rc for rc in views[0]}
+
+    async def tiers(self) -> dict[int, Any]:
+        views = await self._cache.get(("tiers",), lambda: self._view("getTiers"), ttl_ms=10_000)
+        return {int(tier.id): tier for tier in views[0]}
+
+    def invalidate(self, account: str | None = None) -> None:
+        """Forget cached views (the event mirror calls this when an event says they changed): one
+        account's (and its sender lookups), or everything when `account` is None."""
+        self._cache.forget(account)
 
     async def owner(self) -> str | None:
         # The contract's owner (from the account record): owner calls are never blocked by the pause.
@@ -216,51 +269,3 @@ def payment_required_header(sender: str, *, chain_id: str, base_url: str, paymen
         ],
     }
     return base64.b64encode(json.dumps(document, separators=(",", ":")).encode()).decode()
-
-
-class ContractEntitlement:
-    def __init__(self, mirror: ContractMirror, *, chain_id: str, base_url: str, payment_token: str) -> None:
-        self.mirror = mirror
-        self.chain_id = chain_id
-        self.base_url = base_url
-        self.payment_token = payment_token
-
-    async def decide(self, tx: Transaction, sender: str, api_key: str | None) -> EntitlementDecision:
-        contract = self.mirror.contract
-        if contract is not None and tx.receiver.to_bech32() == contract:
-            config = (await self.mirror.config())[0]
-            free_ops = {bytes(name).decode() for name in config.free_operations}
-            function = function_of(tx)
-            if function in free_ops:
-                await self._require_open(function, sender)
-                return EntitlementDecision("free", sender)
-        paying = await self.mirror.paying_account(sender) if contract is not None else None
-        if paying is None:
-            raise ApiError(
-                "NO_ENTITLEMENT",
-                detail="the sender has no plan and is not an authorised sender; top up, or relay with a sponsor key",
-                details={"reason": "NO_ACCOUNT"},
-                headers={
-                    "PAYMENT-REQUIRED": payment_required_header(
-                        sender,
-                        chain_id=self.chain_id,
-                        base_url=self.base_url,
-                        payment_token=self.payment_token,
-                    )
-                },
-            )
-        account, _relation = paying
-        return EntitlementDecision("plan", account)
-
-    async def _require_open(self, function: str, sender: str) -> None:
-        pause = (await self.mirror.pause_state())[0]
-        if not (pause.paused or (pause.deposits_paused and function in DEPOSIT_FUNCTIONS)):
-            return
-        if sender == await self.mirror.owner():
-            return
-        scope = "global" if pause.paused else "deposits"
-        raise ApiError(
-            "CONTRACT_PAUSED",
-            detail=f"the contract is paused ({scope}); nothing was charged or sent",
-            details={"scope": scope, "retryAfterMs": 30_000},
-        )

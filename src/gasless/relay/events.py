@@ -10,6 +10,10 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
+log = structlog.get_logger("gasless.relay.events")
+
 
 class IntentBus:
     def __init__(self) -> None:
@@ -39,4 +43,11 @@ class IntentBus:
             for event in self._waiters.get(key, ()):
                 event.set()
         for listener in self._listeners:
-            listener(row)
+            try:
+                listener(row)
+            except Exception as exc:  # a listener (streams, webhooks) must never break the relay path
+                log.warning(
+                    "intent listener failed",
+                    listener=getattr(listener, "__qualname__", "?"),
+                    error=type(exc).__name__,
+                )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -12,6 +12,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from gasless.billing.reservations import reserve, settle
 from gasless.db import begin_write, intent_keys, intents, rejections
 
 IN_FLIGHT = ("COSIGNED", "BROADCAST", "EXECUTED")
@@ -121,8 +122,11 @@ class IntentRepository:
         )
 
     async def _reserve(self, conn: AsyncConnection, pk: int, values: Mapping[str, Any]) -> None:
-        """Billing seam: the reservation joins the commit transaction (made once, with the intent)."""
-        return None
+        """Billing seam: the reservation joins the commit transaction (made once, with the intent). It may
+        refuse (QUOTA_EXHAUSTED: the transaction rolls back) or rewrite `values["billing"]` (a plan whose
+        cap is spent falling back to pay-as-you-go)."""
+        assert isinstance(values, MutableMapping)
+        await reserve(conn, pk, values, int(values["cosigned_at_ms"]))
 
     async def by_hash(self, tx_hash: str) -> Rec | None:
         async with self.engine.connect() as conn:
@@ -245,6 +249,7 @@ class IntentRepository:
                     .returning(*intents.c)
                 )
                 changed.extend(recs(result.all()))
+            await settle(conn, changed, now_ms)  # billing: in the same write as the moves
         return changed
 
     async def record_acks(self, acks: Mapping[int, int]) -> tuple[list[Rec], list[int]]:

@@ -115,9 +115,10 @@ async def relay(
     status, response = await host.relay.relay(
         raw,
         idempotency_key=idempotency_key,
-        api_key=request.headers.get("x-api-key"),
+        sponsor=sponsor,
         request_id=request.state.request_id,
         received_ms=received_ms,
+        report=lambda decision: record(request, decision),
     )
     return JSONResponse(response.model_dump(mode="json"), status_code=status)
 

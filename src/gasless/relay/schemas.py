@@ -90,6 +90,8 @@ class BillingInfo(BaseModel):
     authMode: Literal["signed_tx", "api_key"]
     billingClass: Literal["plan", "payg", "sponsor", "free"] | None = None
     account: str | None = None
+    ru: int | None = Field(default=None, description="Relay Units this relay costs (RU schedule v1)")
+    free: bool = Field(default=False, description="relayed free (a free operation within the free flow)")
 
 
 class RelayResponse(BaseModel):

@@ -17,12 +17,14 @@ from typing import Any
 import structlog
 from multiversx_sdk import Transaction
 
+from gasless.billing.gate import BillingGate
 from gasless.chain.addresses import shard_of_pubkey
 from gasless.chain.codec import tx_hash, tx_to_wire, verify_ed25519
 from gasless.chain.gas import is_guarded
 from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
 from gasless.errors import ApiError
+from gasless.limits import Decision
 from gasless.relay.assign import AssignService
 from gasless.relay.checks import (
     ChainState,
@@ -78,6 +80,7 @@ class RelayService:
         broadcaster: Broadcaster,
         tracker: Tracker,
         assign: AssignService,
+        billing: BillingGate | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.config = config
@@ -91,6 +94,7 @@ class RelayService:
         self.broadcaster = broadcaster
         self.tracker = tracker
         self.assign = assign
+        self.billing = billing
         self.clock = clock
         self._background: set[asyncio.Task[Any]] = set()
         # sender -> (expires at, monotonic ms; guardian data): read at most once per round per sender. A
@@ -107,10 +111,13 @@ class RelayService:
         raw: bytes,
         *,
         idempotency_key: str | None,
-        api_key: str | None,
+        sponsor: Any | None,
         request_id: str,
         received_ms: int,
+        report: Callable[[Decision], None] | None = None,
     ) -> tuple[int, RelayResponse]:
+        """`sponsor` is the verified sponsor key (SponsorKey) or None; `report` receives the rate-class
+        decision of an admitted relay (its RateLimit-* headers)."""
         body = parse_json_body(raw)
         try:
             parsed = parse_relay_body(body, idempotency_key)
@@ -120,7 +127,9 @@ class RelayService:
                 self._record_rejection(who[0], who[1], None, error, request_id, received_ms)
             raise
         try:
-            return await self._relay(parsed, api_key=api_key, request_id=request_id, received_ms=received_ms)
+            return await self._relay(
+                parsed, sponsor=sponsor, request_id=request_id, received_ms=received_ms, report=report
+            )
         except ApiError as error:
             self._record_rejection(
                 parsed.sender, parsed.tx.nonce, tx_hash(parsed.tx), error, request_id, received_ms
@@ -139,7 +148,13 @@ class RelayService:
             raise
 
     async def _relay(
-        self, parsed: ParsedRelay, *, api_key: str | None, request_id: str, received_ms: int
+        self,
+        parsed: ParsedRelay,
+        *,
+        sponsor: Any | None,
+        request_id: str,
+        received_ms: int,
+        report: Callable[[Decision], None] | None = None,
     ) -> tuple[int, RelayResponse]:
         tx = parsed.tx
         params = self.network.params
@@ -157,8 +172,14 @@ class RelayService:
             first_or_raise([lambda: self._sender_signature(parsed)])
             state = await chain_read
             slot_seq = first_or_raise(self._state_checks(parsed, lease, view, state))
-            decision = await self._entitle(tx, parsed.sender, api_key)
+            decision = await self._entitle(tx, parsed.sender, sponsor)
+            if self.billing is not None:
+                decision = await self.billing.free_flow(decision, tx, parsed.sender, sponsor, view.in_flight)
             await self._simulate(parsed, params)
+            if self.billing is not None:
+                admitted = await self.billing.admit(decision, tx, parsed.sender_shard, sponsor)
+                if admitted is not None and report is not None:
+                    report(admitted)
         finally:
             if not chain_read.done():
                 chain_read.cancel()
@@ -422,9 +443,9 @@ class RelayService:
             candidates.append(view.highest_in_flight_nonce + 1)
         return max(candidates)
 
-    async def _entitle(self, tx: Transaction, sender: str, api_key: str | None) -> EntitlementDecision:
+    async def _entitle(self, tx: Transaction, sender: str, sponsor: Any | None) -> EntitlementDecision:
         try:
-            return await self.entitlement.decide(tx, sender, api_key)
+            return await self.entitlement.decide(tx, sender, sponsor)
         except (GatewayUnavailable, GatewayRejected) as exc:
             raise ApiError(
                 "UPSTREAM_UNAVAILABLE", detail="could not read the contract; nothing was sent"
@@ -488,6 +509,8 @@ class RelayService:
             pk = await self.repo.commit(values, parsed.intent_key, KEY_TTL_MS)
         except CommitConflict:
             return await self._lost_race(parsed)
+        except ApiError:
+            raise  # the reservation refused (QUOTA_EXHAUSTED): rolled back, the signature is discarded
         except Exception as exc:
             log.warning("commit failed; the signature is discarded", error=type(exc).__name__)
             raise ApiError("UPSTREAM_UNAVAILABLE", detail="database unavailable; nothing was sent") from None

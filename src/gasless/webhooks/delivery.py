@@ -18,13 +18,12 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 import structlog
 
-from gasless.relay.events import IntentBus
 from gasless.webhooks.repository import DeliveryRow, WebhookRepository
 from gasless.webhooks.service import LOG_RETENTION_MS, WebhookService
 from gasless.webhooks.signing import SIGNATURE_HEADER, signature_header
@@ -300,25 +299,3 @@ class DeliveryRetention:
             except Exception as exc:
                 log.warning("webhook retention run failed", error=type(exc).__name__)
             await asyncio.sleep(self.every_ms / 1000)
-
-
-class ObservedIntentBus(IntentBus):
-    """The host's intent bus, also handing every published change to `observer` (never breaking it)."""
-
-    def __init__(self, inner: IntentBus, observer: Callable[[Any], None]) -> None:
-        super().__init__()
-        self.inner = inner
-        self.observer = observer
-
-    def subscribe(self, *keys: str) -> asyncio.Event:
-        return self.inner.subscribe(*keys)
-
-    def unsubscribe(self, event: asyncio.Event, *keys: str) -> None:
-        self.inner.unsubscribe(event, *keys)
-
-    def publish(self, row: Any) -> None:
-        self.inner.publish(row)
-        try:
-            self.observer(row)
-        except Exception as exc:  # webhooks must never break the relay path
-            log.warning("webhook observer failed", error=type(exc).__name__)

@@ -1,0 +1,317 @@
+"""Entitlement on every relay: who pays, by which class, and the per-transaction admission policy.
+
+Order (docs/billing.md):
+1. a free operation (a call to the billing contract named in its `free_operations`) is `free` (the
+   contract's pause applies: CONTRACT_PAUSED), subject to the free-flow limits checked by the service;
+2. a sponsor key (`X-Api-Key`, verified by the route) pays for any sender: its account must hold the
+   Builder tier or above, its receiver list and tighter limits apply, and token transfers other than
+   fungible ESDT (NFT, SFT, Meta-ESDT, multi-token) are refused (SENDER_NOT_AUTHORIZED);
+3. otherwise the signed transaction is the credential: the sender's own account, else the account that
+   names the sender as an authorised sender; neither is NO_ENTITLEMENT with a PAYMENT-REQUIRED header.
+The paying account must not be suspended (ACCOUNT_SUSPENDED); its running plan gives the rate class and
+the period cap (`plan`); without a usable plan, pay-as-you-go pays when enabled (`payg`), priced from the
+contract's RU price and capped by `max_payg_price` (PAYG_PRICE_ABOVE_MAX).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from multiversx_sdk import Transaction
+
+from gasless.billing.schedule import RU_SCHEDULE_V1, ru_for_gas_limit
+from gasless.chain.addresses import address_of
+from gasless.errors import ApiError
+from gasless.relay.entitlement import (
+    DEPOSIT_FUNCTIONS,
+    ContractMirror,
+    EntitlementDecision,
+    function_of,
+    payment_required_header,
+)
+
+PERIOD_MS = 2_592_000_000  # a plan period: 30 days (the contract's MONTH_MS)
+MAX_DATA_BYTES_SELF_SERVE = 4_096
+BUILDER_TIER_NAME = b"Builder"
+# Token transfers that only the sender's own plan (or a plan naming the sender) may pay for.
+NON_FUNGIBLE_TRANSFERS = frozenset({"ESDTNFTTransfer", "MultiESDTNFTTransfer"})
+_ZERO = bytes(32)
+
+
+def period_of(start_ms: int, end_ms: int, now_ms: int) -> int | None:
+    """The id of the plan period containing `now_ms`: its start in ms (a block of n months has n periods of
+    30 days from its start). None for a block without a period (pay-as-you-go tiers)."""
+    if end_ms == 0:
+        return None
+    elapsed = max(0, now_ms - start_ms)
+    return start_ms + (elapsed // PERIOD_MS) * PERIOD_MS
+
+
+def is_deploy_or_upgrade(tx: Transaction) -> bool:
+    receiver = tx.receiver.get_public_key()
+    if bytes(receiver) == _ZERO:  # a deployment goes to the zero address
+        return True
+    return (tx.data or b"").split(b"@", 1)[0] == b"upgradeContract"
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """Operator settings of the admission policy (allow-lists are per account)."""
+
+    deploy_allowlist: frozenset[str] = frozenset()
+    data_allowlist: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, deploy: Iterable[str] = (), data: Iterable[str] = ()) -> AdmissionPolicy:
+        return cls(frozenset(deploy), frozenset(data))
+
+
+class BillingEntitlement:
+    def __init__(
+        self,
+        mirror: ContractMirror,
+        *,
+        chain_id: str,
+        base_url: str,
+        payment_token: str,
+        policy: AdmissionPolicy | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.mirror = mirror
+        self.chain_id = chain_id
+        self.base_url = base_url
+        self.payment_token = payment_token
+        self.policy = policy or AdmissionPolicy()
+        self.clock = clock
+
+    async def decide(
+        self, tx: Transaction, sender: str, sponsor: Any | None, *, free_allowed: bool = True
+    ) -> EntitlementDecision:
+        contract = self.mirror.contract
+        function = function_of(tx)
+        ru = _ru_of(tx)
+        if contract is not None and tx.receiver.to_bech32() == contract:
+            config = (await self.mirror.config())[0]
+            free_ops = {bytes(name).decode() for name in config.free_operations}
+            if function in free_ops and free_allowed:
+                await self._require_open(function, sender)
+                return EntitlementDecision("free", sender, ru=0, function=function or None)
+        if contract is None:
+            raise self._no_entitlement(sender, "NO_ACCOUNT", "no billing contract is configured")
+        if sponsor is not None:
+            return await self._sponsored(tx, sender, sponsor, function, ru)
+        paying = await self.mirror.paying_account(sender)
+        if paying is None:
+            raise self._no_entitlement(
+                sender,
+                "NO_ACCOUNT",
+                "the sender has no plan and is not an authorised sender; top up, or relay with a sponsor key",
+            )
+        account, _relation = paying
+        return await self._account_decision(tx, sender, account, "signed_tx", None, function, ru)
+
+    # Sponsor keys ---------------------------------------------------------------------------------------
+    async def _sponsored(
+        self, tx: Transaction, sender: str, sponsor: Any, function: str, ru: int
+    ) -> EntitlementDecision:
+        account = sponsor.account
+        policy = sponsor.policy
+        receiver = tx.receiver.to_bech32()
+        if policy.allowedReceivers is not None and receiver not in policy.allowedReceivers:
+            raise ApiError(
+                "RECEIVER_NOT_ALLOWED",
+                detail=f"this API key does not pay for transactions to {receiver}; add it to the key's "
+                "receiver list",
+                details={"receiver": receiver, "apiKeyId": sponsor.key_id},
+            )
+        head = (tx.data or b"").split(b"@", 1)[0].decode("ascii", "replace")
+        if head in NON_FUNGIBLE_TRANSFERS and sender != account:
+            owner_of_sender = await self.mirror.paying_account(sender)
+            if owner_of_sender is None or owner_of_sender[0] != account:
+                raise ApiError(
+                    "SENDER_NOT_AUTHORIZED",
+                    detail="NFT, SFT, Meta-ESDT and multi-token transfers are paid only by the sender's own "
+                    "plan or a plan naming the sender as an authorised sender",
+                    details={"reason": "token_transfer_needs_own_plan", "account": account},
+                )
+        key_limit = policy.limits.maxGasLimit
+        if key_limit is not None and tx.gas_limit > key_limit:
+            raise ApiError(
+                "GAS_LIMIT_TOO_HIGH",
+                detail=f"gas limit {tx.gas_limit} is above this API key's ceiling {key_limit}",
+                details={"limit": key_limit, "actual": tx.gas_limit},
+            )
+        return await self._account_decision(tx, sender, account, "api_key", sponsor.key_id, function, ru)
+
+    async def _require_builder(self, account: str, tier_id: int | None) -> None:
+        tiers = await self.mirror.tiers()
+        classes = await self.mirror.rate_classes()
+        builder = next((t for t in tiers.values() if bytes(t.name) == BUILDER_TIER_NAME), None)
+        tier = tiers.get(tier_id) if tier_id is not None else None
+        if tier is None or builder is None:
+            ok = False
+        else:
+            mine = classes.get(int(tier.rate_class))
+            floor = classes.get(int(builder.rate_class))
+            ok = mine is not None and floor is not None and int(mine.ru_per_sec) >= int(floor.ru_per_sec)
+        if not ok:
+            raise ApiError(
+                "API_KEY_SCOPE",
+                detail="sponsoring other senders needs the Builder tier or above on the key's account",
+                details={"reason": "tier_below_builder", "account": account},
+            )
+
+    # The paying account --------------------------------------------------------------------------------
+    async def _account_decision(
+        self,
+        tx: Transaction,
+        sender: str,
+        account: str,
+        auth_mode: str,
+        api_key_id: str | None,
+        function: str,
+        ru: int,
+    ) -> EntitlementDecision:
+        view = await self.mirror.account(account)
+        if view is None:
+            raise self._no_entitlement(sender, "NO_ACCOUNT", f"{account} has no account in the contract")
+        if view.suspended:
+            raise ApiError(
+                "ACCOUNT_SUSPENDED",
+                detail="the paying account is suspended; nothing was charged or sent (credits are not lost)",
+                details={"account": account},
+            )
+        now = int(self.clock() * 1000)
+        running = view.running
+        if running is not None and int(running.end_ms) != 0 and int(running.end_ms) <= now:
+            running = None  # ended and not renewed: the view's rollover already promoted a queued block
+        tier_id = int(running.tier_id) if running is not None else None
+        if auth_mode == "api_key":
+            await self._require_builder(account, tier_id)
+        config = (await self.mirror.config())[0]
+        price = int(config.ru_price_micro)
+        payg = view.payg
+        payg_price: int | None = None
+        payg_cap: int | None = None
+        if bool(payg.enabled):
+            payg_price = price
+            escrow = int(view.escrow_micro)
+            budget = int(payg.budget_micro)
+            payg_cap = min(escrow, budget) if budget > 0 else escrow
+        tiers = await self.mirror.tiers()
+        if running is None:
+            payg_tier = next((t for t in tiers.values() if bool(t.payg)), None)
+            rate_class = int(payg_tier.rate_class) if payg_tier is not None else None
+            if payg_price is None or rate_class is None:
+                raise self._no_entitlement(
+                    sender,
+                    "NO_PLAN",
+                    f"{account} has no running plan and pay-as-you-go is off; buy a plan or enable it",
+                )
+            self._payg_price_ok(payg, payg_price)
+            billing_class, period_id, included = "payg", None, None
+        else:
+            tier = tiers.get(tier_id)  # type: ignore[arg-type]
+            rate_class = int(tier.rate_class) if tier is not None else 1
+            period_id = period_of(int(running.start_ms), int(running.end_ms), now)
+            included = int(running.included_ru) if period_id is not None else None
+            if period_id is None:  # a block without a period (a pay-as-you-go tier) pays as it goes
+                if payg_price is None:
+                    raise self._no_entitlement(
+                        sender, "NO_PLAN", f"{account}'s plan is pay-as-you-go and pay-as-you-go is off"
+                    )
+                self._payg_price_ok(payg, payg_price)
+                billing_class = "payg"
+            else:
+                billing_class = "plan"
+        classes = await self.mirror.rate_classes()
+        limits = classes.get(rate_class)
+        if limits is not None and tx.gas_limit > int(limits.max_gas_limit):
+            raise ApiError(
+                "GAS_LIMIT_TOO_HIGH",
+                detail=f"gas limit {tx.gas_limit} is above rate class {rate_class}'s ceiling "
+                f"{int(limits.max_gas_limit)}",
+                details={"limit": int(limits.max_gas_limit), "actual": tx.gas_limit},
+            )
+        if is_deploy_or_upgrade(tx) and account not in self.policy.deploy_allowlist:
+            raise ApiError(
+                "DEPLOY_NOT_ALLOWED",
+                detail="deployments and upgrades are not relayed for this account unless allow-listed",
+                details={"account": account},
+            )
+        if auth_mode == "api_key" and billing_class == "plan":
+            billing_class = "sponsor"
+        # A payg fallback is priced only if pay-as-you-go may pay (price under the account's cap).
+        if payg_price is not None and not self._payg_price_fits(payg, payg_price):
+            payg_price = None
+        return EntitlementDecision(
+            billing_class,
+            account,
+            auth_mode,
+            ru=ru,
+            rate_class=rate_class,
+            period_id=period_id if billing_class in ("plan", "sponsor") else None,
+            included_ru=included if billing_class in ("plan", "sponsor") else None,
+            payg_price_micro=payg_price,
+            payg_cap_micro=payg_cap,
+            api_key_id=api_key_id,
+            function=function or None,
+        )
+
+    @staticmethod
+    def _payg_price_fits(payg: Any, price: int) -> bool:
+        cap = int(payg.max_payg_price_micro)
+        return cap == 0 or price <= cap
+
+    def _payg_price_ok(self, payg: Any, price: int) -> None:
+        if not self._payg_price_fits(payg, price):
+            raise payg_price_above_max(price, int(payg.max_payg_price_micro))
+
+    def _no_entitlement(self, sender: str, reason: str, detail: str) -> ApiError:
+        return ApiError(
+            "NO_ENTITLEMENT",
+            detail=detail,
+            details={"reason": reason},
+            headers={
+                "PAYMENT-REQUIRED": payment_required_header(
+                    sender, chain_id=self.chain_id, base_url=self.base_url, payment_token=self.payment_token
+                )
+            },
+        )
+
+    async def _require_open(self, function: str, sender: str) -> None:
+        pause = (await self.mirror.pause_state())[0]
+        if not (pause.paused or (pause.deposits_paused and function in DEPOSIT_FUNCTIONS)):
+            return
+        if sender == await self.mirror.owner():
+            return
+        scope = "global" if pause.paused else "deposits"
+        raise ApiError(
+            "CONTRACT_PAUSED",
+            detail=f"the contract is paused ({scope}); nothing was charged or sent",
+            details={"scope": scope, "retryAfterMs": 30_000},
+        )
+
+
+def payg_price_above_max(price: int, cap: int) -> ApiError:
+    return ApiError(
+        "PAYG_PRICE_ABOVE_MAX",
+        detail=f"the pay-as-you-go price {price} micro-USDC per RU is above the account's max_payg_price {cap}",
+        details={"priceMicro": price, "maxPaygPriceMicro": cap},
+    )
+
+
+def _ru_of(tx: Transaction) -> int:
+    # Above the schedule's last step the transaction is refused elsewhere (GAS_LIMIT_TOO_HIGH); price it
+    # at the last step meanwhile.
+    try:
+        return ru_for_gas_limit(tx.gas_limit)
+    except ValueError:
+        return RU_SCHEDULE_V1[-1][1]
+
+
+def bech32_of(raw: Any) -> str:
+    return address_of(bytes(raw)).to_bech32()

@@ -1,0 +1,152 @@
+"""The billing stages of a relay after entitlement: the free-flow limits, then the rate-class limiter.
+
+Free flow (calls named in the contract's `free_operations`):
+- one free transaction in flight per sender (FREE_FLOW_BUSY, `reason: in_flight`);
+- 10 per 24 h and 30 per 30 days per account (the sender's paying account, else the sender): past that
+  the relay is billed as a normal one (`free: false`) when the sender has a paying account, otherwise
+  FREE_FLOW_BARRED with `untilMs` (when the oldest counted free relay leaves its window);
+- a platform-wide rate of free relays (RATE_LIMITED, scope `free_flow`) and a platform budget per 24 h
+  (FREE_FLOW_UNAVAILABLE).
+Counts come from the reservations table (one `free` reservation per co-signed free relay, not released).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from multiversx_sdk import Transaction
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gasless.billing.entitlement import BillingEntitlement
+from gasless.billing.limiter import AccountLimiter
+from gasless.db import reservations
+from gasless.errors import ApiError
+from gasless.limits import Decision, Rate, Take
+from gasless.relay.entitlement import EntitlementDecision
+
+DAY_MS = 86_400_000
+MONTH_MS = 30 * DAY_MS
+
+
+@dataclass(frozen=True)
+class FreeFlowLimits:
+    per_day: int = 10
+    per_30_days: int = 30
+    platform_per_day: int = 50_000
+    platform_rate: Rate = Rate(20, 100)
+
+
+class BillingGate:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        entitlement: BillingEntitlement,
+        limiter: AccountLimiter,
+        *,
+        free_flow: FreeFlowLimits | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.engine = engine
+        self.entitlement = entitlement
+        self.limiter = limiter
+        self.free_limits = free_flow or FreeFlowLimits()
+        self.clock = clock
+
+    async def free_flow(
+        self,
+        decision: EntitlementDecision,
+        tx: Transaction,
+        sender: str,
+        sponsor: Any | None,
+        in_flight: Sequence[Any],
+    ) -> EntitlementDecision:
+        """The decision for a free operation after the free-flow limits (maybe a paid one, `free: false`)."""
+        if not decision.free:
+            return decision
+        busy = [
+            r for r in in_flight if isinstance(r.billing, dict) and r.billing.get("billingClass") == "free"
+        ]
+        if busy and not any(int(r.nonce) == tx.nonce for r in busy):
+            raise ApiError(
+                "FREE_FLOW_BUSY",
+                detail=f"the sender already has a free transaction in flight ({busy[0].tx_hash}); wait for it",
+                details={"reason": "in_flight", "txHash": busy[0].tx_hash, "retryAfterMs": 1_000},
+            )
+        paying = await self.entitlement.mirror.paying_account(sender)
+        account = paying[0] if paying is not None else sender
+        now = int(self.clock() * 1000)
+        day, month, platform_day, oldest_day, oldest_month = await self._counts(account, now)
+        limits = self.free_limits
+        if day >= limits.per_day or month >= limits.per_30_days:
+            if paying is not None or sponsor is not None:
+                paid = await self.entitlement.decide(tx, sender, sponsor, free_allowed=False)
+                return paid
+            until = (oldest_day + DAY_MS) if day >= limits.per_day else (oldest_month + MONTH_MS)
+            raise ApiError(
+                "FREE_FLOW_BARRED",
+                detail=f"{account} used its free relays ({limits.per_day} per 24 h, {limits.per_30_days} per "
+                "30 days); buy a plan or wait",
+                details={"untilMs": int(until), "account": account},
+            )
+        if platform_day >= limits.platform_per_day:
+            raise ApiError(
+                "FREE_FLOW_UNAVAILABLE",
+                detail="the platform's free-transaction budget for the last 24 h is spent; retry later",
+                details={"retryAfterMs": 60_000},
+            )
+        result = await self.limiter.backend.take_all([Take("free_flow", "all", limits.platform_rate, 1)])
+        if not result.allowed:
+            decision_ = result.decisions[0]
+            raise ApiError(
+                "RATE_LIMITED",
+                detail="too many free relays on the platform right now; retry shortly",
+                details={"retryAfterMs": max(1, decision_.retry_after_ms), "scope": "free_flow"},
+                headers={**decision_.headers(), "RateLimit-Remaining": "0"},
+            )
+        return EntitlementDecision("free", account, ru=0, function=decision.function)
+
+    async def _counts(self, account: str, now: int) -> tuple[int, int, int, int, int]:
+        free = (reservations.c.billing_class == "free") & (reservations.c.state != "released")
+        mine = free & (reservations.c.account == account)
+        async with self.engine.connect() as conn:
+            day, oldest_day = (
+                await conn.execute(
+                    select(func.count(), func.min(reservations.c.created_at_ms)).where(
+                        mine, reservations.c.created_at_ms > now - DAY_MS
+                    )
+                )
+            ).one()
+            month, oldest_month = (
+                await conn.execute(
+                    select(func.count(), func.min(reservations.c.created_at_ms)).where(
+                        mine, reservations.c.created_at_ms > now - MONTH_MS
+                    )
+                )
+            ).one()
+            platform = (
+                await conn.execute(
+                    select(func.count()).where(free, reservations.c.created_at_ms > now - DAY_MS)
+                )
+            ).scalar_one()
+        return int(day), int(month), int(platform), int(oldest_day or now), int(oldest_month or now)
+
+    async def admit(
+        self, decision: EntitlementDecision, tx: Transaction, shard: int, sponsor: Any | None
+    ) -> Decision | None:
+        """The rate-class limiter for the paying account (free relays have their own limits above)."""
+        if decision.free or decision.account is None:
+            return None
+        classes = await self.entitlement.mirror.rate_classes()
+        rate_class = classes.get(decision.rate_class) if decision.rate_class is not None else None
+        return await self.limiter.admit(
+            account=decision.account,
+            rate_class=rate_class,
+            ru=decision.ru,
+            gas_limit=tx.gas_limit,
+            shard=shard,
+            key=sponsor,
+        )
