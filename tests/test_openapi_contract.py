@@ -33,7 +33,16 @@ SNAPSHOT = Path(__file__).parent / "openapi_snapshot.json"
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")
 # The only error-status answers that are not problem documents: readiness answers 503 with its Health.
 NOT_PROBLEMS = {("getReadiness", "503")}
-CACHED_READS = ("getNetwork", "getRelayStatus", "getIntent", "getIntentByTxHash", "listAccountSenders")
+CACHED_READS = (
+    "getNetwork",
+    "getRelayStatus",
+    "getIntent",
+    "getIntentByTxHash",
+    "listAccountSenders",
+    "getAccount",
+    "getQuota",
+    "listAccountPurchases",
+)
 # Names the spec's endpoint tables give to request and response shapes of the implemented operations.
 SPEC_SCHEMAS = {
     "Intent",
@@ -48,6 +57,9 @@ SPEC_SCHEMAS = {
     "Problem",
     "Health",
     "Network",
+    "Account",
+    "Quota",
+    "UsageProof",
 }
 
 
@@ -281,9 +293,10 @@ def test_security_schemes_and_requirements(document: dict[str, Any]) -> None:
     assert by_id["createStreamTicket"]["security"] == [{"nativeAuth": []}, {"apiKey": []}]
     assert by_id["streamAccountEvents"]["security"] == [{"nativeAuth": []}, {"apiKey": []}, {}]
     streams = {"createStreamTicket", "streamAccountEvents"}
-    usage = {"listUsage", "getUsageRow", "getUsageSummary"}  # native-auth or a read key
-    assert all(by_id[op_id]["security"] == [{"nativeAuth": []}, {"apiKey": []}] for op_id in usage)
-    public = set(by_id) - {"relayTransaction", "assignRelayer"} - native_auth_only - streams - usage
+    # Dashboard reads: native-auth or a sponsor key used as a read key.
+    dashboard = {"listUsage", "getUsageRow", "getUsageSummary", "getUsageProof"}
+    assert all(by_id[op_id]["security"] == [{"nativeAuth": []}, {"apiKey": []}] for op_id in dashboard)
+    public = set(by_id) - {"relayTransaction", "assignRelayer"} - native_auth_only - streams - dashboard
     assert public and all(by_id[op_id]["security"] == [] for op_id in public)
     for op_id, operation in by_id.items():
         headers = {p["name"].lower() for p in operation.get("parameters", []) if p["in"] == "header"}

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless import __version__
 from gasless.accounts import routes as account_routes
+from gasless.accounts.mirror_reads import AccountReads
 from gasless.accounts.senders import SenderListing
 from gasless.auth import routes as auth_routes
 from gasless.auth.actions import ActionSignatures
@@ -44,6 +45,8 @@ from gasless.limits import RouteLimiter, RouteLimitTable, local_route_limiter
 from gasless.limits_redis import redis_backends, redis_namespace
 from gasless.logs import quiet_sdk_loggers
 from gasless.metrics import HostCollector, HostMetrics, MeteredIntentBus, MetricsMiddleware
+from gasless.mirror.follower import MIRROR_ROLE, MirrorFollower
+from gasless.mirror.repository import MirrorRepository
 from gasless.openapi import install_openapi
 from gasless.pages import CursorCodec
 from gasless.problems import RequestIdMiddleware, install_problem_handlers
@@ -60,6 +63,11 @@ from gasless.relay.repository import IntentRepository
 from gasless.relay.service import RelayConfig, RelayService
 from gasless.route_limits import RateLimitHeadersMiddleware
 from gasless.settings import Settings
+from gasless.settlement import routes as settlement_routes
+from gasless.settlement.owner_tx import OwnerTransactor, load_owner_key
+from gasless.settlement.repository import SettlementRepository
+from gasless.settlement.service import ProofService
+from gasless.settlement.worker import SETTLEMENT_ROLE, SettlementWorker
 from gasless.signer import FencedSigner, PemSigner, Signer
 from gasless.streams import routes as stream_routes
 from gasless.streams.service import StreamService, build_stream_service
@@ -132,6 +140,12 @@ class HostState:
     webhook_recorder: IntentRecorder | None = None
     idempotency: IdempotencyStore | None = None
     startup_error: str | None = None
+    # Billing contract mirror, account reads, settlement (the workers run on the role's leader only).
+    mirror_repo: MirrorRepository | None = None
+    mirror_follower: MirrorFollower | None = None
+    account_reads: AccountReads | None = None
+    settlement_worker: SettlementWorker | None = None
+    proof_service: ProofService | None = None
 
     # Account-stream event ids (spec "Account stream" 3-4): `<hostId>.<bootEpochMs>.<seq>`. Only ids this
     # very process issued resume; another host's, or one from before a restart, starts with `reset`.
@@ -170,6 +184,10 @@ class HostState:
     @property
     def senders(self) -> SenderListing:
         return self._require(self.sender_listing)  # type: ignore[no-any-return]
+
+    @property
+    def account_reads_service(self) -> AccountReads:
+        return self._require(self.account_reads)  # type: ignore[no-any-return]
 
     @property
     def token_verifier(self) -> NativeAuthVerifier:
@@ -345,18 +363,83 @@ async def _start_relay_core(
     if state.webhooks is not None and state.idempotency is not None:
         singletons.add("webhook-retention", DeliveryRetention(state.webhooks.repo, state.idempotency))
     singletons.add(RECOVERY_ROLE, OrphanAdopter(tracked, singletons))
+    _add_billing_workers(state, settings, gateway, network, mirror, singletons)
     await singletons.start()
     state.retention, state.singletons = retention, singletons
     state.relay_service, state.assign_service = relay, assign
     state.quote_service = QuoteService(network, mirror)
     state.mirror, state.native_auth = mirror, native_auth
     state.account_roles = AccountRoles(mirror)
-    state.sender_listing = SenderListing(mirror, state.cursors)
+    assert state.mirror_repo is not None
+    state.sender_listing = SenderListing(state.mirror_repo, state.cursors)
     if state.streams is not None:
         state.streams.attach_intents(bus, network.params.round_duration_ms, mirror)
     state.startup_error = None
     state.restored = True
     log.info("host ready", host_id=settings.host_id, network=settings.profile, recovered=recovered)
+
+
+def _add_billing_workers(
+    state: HostState,
+    settings: Settings,
+    gateway: GatewayClient,
+    network: NetworkView,
+    mirror: ContractMirror,
+    singletons: SingletonRunner,
+) -> None:
+    """The contract mirror and settlement singletons, and the reads over the mirror tables."""
+    assert state.engine is not None
+    contract = settings.network.contract_address
+    repo = MirrorRepository(state.engine)
+    state.mirror_repo = repo
+    state.account_reads = AccountReads(state.engine, repo, state.cursors, lambda: _chain_now_ms(network))
+    if contract is None:
+        return
+    follower = MirrorFollower(
+        repo,
+        gateway,
+        contract,
+        poll_ms=settings.mirror_poll_ms,
+        start_hyperblock=settings.mirror_start_hyperblock,
+    )
+    invalidate = getattr(mirror, "invalidate", None)  # the relay core's cached views of a changed account
+    if invalidate is not None:
+        follower.on_account_changed(invalidate)
+    singletons.add(MIRROR_ROLE, follower)
+    state.mirror_follower = follower
+    settlements = SettlementRepository(state.engine)
+    worker: SettlementWorker | None = None
+    if settings.owner_key_file is not None:
+        owner = OwnerTransactor(
+            gateway, load_owner_key(settings.owner_key_file), contract, settings.network.chain_id
+        )
+        worker = SettlementWorker(
+            settlements,
+            gateway,
+            owner,
+            interval_ms=settings.settlement_interval_ms,
+            max_rows=settings.settlement_max_rows,
+        )
+        singletons.add(SETTLEMENT_ROLE, worker)
+    state.settlement_worker = worker
+
+    async def next_due_ms() -> int | None:
+        if worker is not None:
+            return await worker.next_due_ms()
+        last = await settlements.last()
+        return int(last["created_at_ms"]) + settings.settlement_interval_ms if last is not None else None
+
+    state.proof_service = ProofService(settlements, repo, next_due_ms)
+
+
+def _chain_now_ms(network: NetworkView) -> int:
+    """Shard-1 chain time now: its newest block's timestamp plus the time since we read it."""
+    now = int(time.time() * 1000)
+    status = network.status(1)
+    if status is None:
+        offset = network.clock_offset_ms() or 0
+        return now - offset
+    return status.block_ts_ms + max(0, now - status.observed_at_ms)
 
 
 async def _stop_relay_core(state: HostState) -> None:
@@ -490,6 +573,7 @@ def create_app(
     app.include_router(stream_routes.router)
     app.include_router(webhook_routes.router)
     app.include_router(usage_routes.router)
+    app.include_router(settlement_routes.router)
     app.include_router(auth_routes.admin_router)
     install_openapi(app, (*relay_routes.EXTRA_SCHEMAS, *stream_routes.EXTRA_SCHEMAS))
 

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from gasless.cli_admin import register as register_admin
 from gasless.cli_relay import relay_app
 from gasless.logs import configure_logging
 
@@ -22,6 +23,7 @@ app = typer.Typer(
 console = Console(stderr=True)
 
 app.add_typer(relay_app, name="relay")
+register_admin(app)  # gasless admin ..., gasless verify-proof
 
 
 def run_service(main: Coroutine[Any, Any, None]) -> None:

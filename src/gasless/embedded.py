@@ -109,6 +109,7 @@ def embedded_settings(options: EmbeddedOptions, localnet: Localnet, index: int =
         # One app origin for the deployment: a native-auth token made for it works on either host.
         "app_origin": first,
         "relayer_key_files": [wallet.path for wallet in localnet.genesis.relayers],
+        "owner_key_file": localnet.genesis.owner.path,  # settles usage batches on localnet
     }
     if options.database_url:
         values["database_url"] = options.database_url

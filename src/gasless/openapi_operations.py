@@ -203,6 +203,39 @@ OPERATIONS: dict[str, OperationContract] = {
 }
 
 
+# Contract mirror reads (spec: Account reads) and the usage proof (Dashboard read models).
+_MIRROR_READ: dict[int, tuple[str, ...]] = {
+    400: ("MALFORMED_REQUEST",),
+    404: ("NOT_FOUND",),
+    429: ("RATE_LIMITED",),
+    500: ("INTERNAL",),
+    503: _STARTING,
+}
+OPERATIONS.update(
+    {
+        "getAccount": OperationContract(_MIRROR_READ, cached=True),
+        "getQuota": OperationContract({k: v for k, v in _MIRROR_READ.items() if k != 404}, cached=True),
+        "listAccountPurchases": OperationContract(
+            {**_MIRROR_READ, 400: ("MALFORMED_REQUEST", "CURSOR_INVALID")}, cached=True
+        ),
+        "getUsageProof": OperationContract(
+            {
+                400: ("MALFORMED_REQUEST",),
+                401: (*_NATIVE_ROUTE_401, "API_KEY_INVALID"),
+                403: ("FORBIDDEN", "API_KEY_SCOPE", "ORIGIN_NOT_ALLOWED"),
+                404: ("NOT_FOUND",),
+                # Not yet committed in an on-chain root: the spec names no code (docs/settlement.md).
+                409: ("IDEMPOTENCY_IN_PROGRESS",),
+                429: ("RATE_LIMITED",),
+                500: ("INTERNAL",),
+                503: _STARTING,
+            },
+            security=NATIVE_AUTH_OR_API_KEY,
+        ),
+    }
+)
+
+
 def _key_route(*extra: int) -> OperationContract:
     """Keys routes (spec: Keys, webhooks, notifications, streams): native-auth, owner writes."""
     problems: dict[int, tuple[str, ...]] = {

@@ -161,6 +161,14 @@ class Settings(BaseSettings):
     stream_keepalive_ms: int = Field(default=15_000, ge=50, le=60_000)
     stream_coalesce_ms: int = Field(default=200, ge=100, le=250)
 
+    # Billing contract mirror and settlement (gasless.mirror, gasless.settlement). `owner_key_file` is the
+    # contract owner's PEM: without it this host never submits settleUsage batches (the mirror still runs).
+    mirror_poll_ms: int = Field(default=300, ge=20, le=60_000)
+    mirror_start_hyperblock: int = Field(default=0, ge=0)  # where a fresh mirror starts (the deployment)
+    owner_key_file: Path | None = None
+    settlement_interval_ms: int = Field(default=3_600_000, ge=1_000, le=3_600_000)
+    settlement_max_rows: int = Field(default=50_000, ge=1, le=1_000_000)
+
     @classmethod
     def settings_customise_sources(
         cls,

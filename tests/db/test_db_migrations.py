@@ -37,6 +37,11 @@ TABLES = {
     "webhook_deliveries",
     "idempotency_keys",
     "reservations",
+    "mirror_accounts",
+    "mirror_senders",
+    "mirror_purchases",
+    "mirror_views",
+    "mirror_settlements",
     "account_period_usage",
     "settlement_batches",
     "usage_ledger",
@@ -63,7 +68,7 @@ def _relayer(**overrides: Any) -> dict[str, Any]:
 
 
 async def test_upgrade_from_empty_reaches_head(db_engine: AsyncEngine, database_url: str) -> None:
-    assert head_revision() == "0005"
+    assert head_revision() == "0007"
     assert await current_revision(db_engine) is None
     assert await is_up_to_date(db_engine) is False
 

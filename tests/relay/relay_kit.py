@@ -149,6 +149,21 @@ class RelayEnv:
             time.sleep(0.05)
         raise AssertionError(f"{ident} did not reach {states}; last {last}")
 
+    def wait_mirror(self, timeout: float = 15.0) -> int:
+        """Wait until the contract mirror applied every hyperblock existing now (final one round later)."""
+        import json as _json
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.localnet.url}/network/status/4294967295", timeout=5) as answer:
+            target = int(_json.loads(answer.read())["data"]["status"]["erd_nonce"])
+        follower = self.client.app.state.host.mirror_follower  # type: ignore[attr-defined]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if follower.cursor is not None and follower.cursor >= target:
+                return target
+            time.sleep(0.02)
+        raise AssertionError(f"the mirror did not reach hyperblock {target}; at {follower.cursor}")
+
     def faults(self, **body: Any) -> None:
         import json as _json
         import urllib.request

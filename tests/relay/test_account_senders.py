@@ -70,6 +70,7 @@ def account(env: Any) -> tuple[str, UserSecretKey, list[str]]:
         address_of(env.new_sender(1, plan=False).key.generate_public_key().buffer) for _ in range(SENDERS)
     ]
     user_call(env, owner.key, "addSenders", [10**6, senders])
+    env.wait_mirror()
     return owner.address, owner.key, [s.to_bech32() for s in senders]
 
 
@@ -138,12 +139,14 @@ def test_pages_resume_after_their_last_sender_when_senders_are_removed(
     assert [i["address"] for i in first["items"]] == senders[0:5]
     # A sender before the page's end goes away: an offset would now skip senders[5]; the cursor does not.
     user_call(env, key, "removeSenders", [[Address.new_from_bech32(senders[2])]])
+    env.wait_mirror()
     remaining = senders[:2] + senders[3:]
     wait_for_senders(env, erd, remaining)
     second = page(env, erd, limit=5, cursor=first["nextCursor"]).json()
     assert [i["address"] for i in second["items"]] == senders[5:10]
     # The page's last sender itself goes away: the next page starts where it stood.
     user_call(env, key, "removeSenders", [[Address.new_from_bech32(senders[9])]])
+    env.wait_mirror()
     wait_for_senders(env, erd, [s for s in remaining if s != senders[9]])
     third = page(env, erd, limit=5, cursor=second["nextCursor"]).json()
     assert third == {"items": [{"address": a} for a in senders[10:12]], "nextCursor": None}
@@ -166,6 +169,7 @@ def test_cursors_that_are_not_valid_here(env: Any, account: tuple[str, Any, list
         refused(garbage)
     # Another account's listing (the account exists; the cursor is genuine but not for it).
     other = env.new_sender(1)  # granted a plan: an account with no senders
+    env.wait_mirror()
     assert env.client.get(f"/v1/account/{other.address}/senders").status_code == 200
     assert "another listing" in refused(cursor, on=other.address)["detail"]
     # Minted with this environment's key but for another listing, another environment, or long ago.

@@ -61,6 +61,7 @@ def test_readyz_is_503_while_the_host_restores(tmp_path: Path, unpaused_localnet
                 "retention": "leader",
                 "webhook-retention": "leader",
                 "intent-recovery": "leader",
+                "mirror": "leader",
             }
     finally:
         set_faults(localnet, {"gateway": {"latencyMs": {}}})

@@ -286,11 +286,13 @@ def test_hosts_report_their_identity_readiness_and_leadership(cluster: Cluster) 
         "retention": "leader",
         "webhook-retention": "leader",
         "intent-recovery": "leader",
+        "mirror": "leader",
     }
     assert ready["a"].json()["singletons"] == {
         "retention": "standby",
         "webhook-retention": "standby",
         "intent-recovery": "standby",
+        "mirror": "standby",
     }
 
 
@@ -427,8 +429,8 @@ def test_metrics_on_the_admin_port_after_relays(cluster: Cluster) -> None:
         for h in scraped
     }
     assert leader == {
-        "b": {"retention": 1.0, "webhook-retention": 1.0, "intent-recovery": 1.0},
-        "a": {"retention": 0.0, "webhook-retention": 0.0, "intent-recovery": 0.0},
+        "b": {"retention": 1.0, "webhook-retention": 1.0, "intent-recovery": 1.0, "mirror": 1.0},
+        "a": {"retention": 0.0, "webhook-retention": 0.0, "intent-recovery": 0.0, "mirror": 0.0},
     }
     # The admin port serves metrics and health only; the API port does not serve metrics.
     a = cluster.hosts["a"]
@@ -460,7 +462,12 @@ def test_killing_the_leader_moves_the_singletons_and_the_survivor_finishes_its_i
         return (
             body
             if body["singletons"]
-            == {"retention": "leader", "webhook-retention": "leader", "intent-recovery": "leader"}
+            == {
+                "retention": "leader",
+                "webhook-retention": "leader",
+                "intent-recovery": "leader",
+                "mirror": "leader",
+            }
             else None
         )
 
@@ -471,7 +478,7 @@ def test_killing_the_leader_moves_the_singletons_and_the_survivor_finishes_its_i
     assert final["cosignedAtMs"] == relayed.json()["intent"]["cosignedAtMs"]
     assert cluster.submissions(tx_hash) >= 1
     leader = {labels["role"]: value for labels, value in a.scrape()["gasless_singleton_leader"]}
-    assert leader == {"retention": 1.0, "webhook-retention": 1.0, "intent-recovery": 1.0}
+    assert leader == {"retention": 1.0, "webhook-retention": 1.0, "intent-recovery": 1.0, "mirror": 1.0}
     adopted = [json.loads(line) for line in a.log_path.read_text().splitlines() if "adopting" in line]
     assert [entry["hosts"] for entry in adopted] == [["b"]]
 

@@ -1,4 +1,5 @@
-"""`GET /v1/account/{erd}/senders`: an account's authorised senders, oldest first, read from the contract.
+"""`GET /v1/account/{erd}/senders`: an account's authorised senders, oldest first, read from the contract
+mirror (`senderAdded` / `senderRemoved` events, in chain order).
 
 Keyset pagination on the contract's list: a cursor carries the last sender a page returned and that
 sender's position. The next page starts right after that sender wherever it now is, so senders removed
@@ -12,10 +13,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
 from gasless.errors import ApiError
+from gasless.mirror.repository import MirrorRepository
 from gasless.pages import CursorCodec, Page, PageParams
-from gasless.relay.entitlement import ContractMirror
 
 LISTING = "listAccountSenders"
 
@@ -45,7 +45,7 @@ def _resume_at(senders: list[str], position: Any) -> int:
 
 
 class SenderListing:
-    def __init__(self, mirror: ContractMirror, cursors: CursorCodec) -> None:
+    def __init__(self, mirror: MirrorRepository, cursors: CursorCodec) -> None:
         self.mirror = mirror
         self.cursors = cursors
 
@@ -53,15 +53,8 @@ class SenderListing:
         filters = {"account": account}
         # Open the cursor first: a bad cursor is the caller's mistake whatever the chain says.
         position = self.cursors.open(params.cursor, LISTING, filters) if params.cursor is not None else None
-        try:
-            found = self.mirror.contract is not None and await self.mirror.account(account) is not None
-            senders = await self.mirror.senders(account) if found else []
-        except (GatewayUnavailable, GatewayRejected) as exc:
-            raise ApiError(
-                "UPSTREAM_UNAVAILABLE",
-                detail="could not read the billing contract",
-                details={"retryAfterMs": 2_000},
-            ) from exc
+        found = await self.mirror.account(account) is not None
+        senders = await self.mirror.senders(account) if found else []
         if not found:
             raise ApiError("NOT_FOUND", detail=f"no account {account}")
         start = _resume_at(senders, position) if position is not None else 0

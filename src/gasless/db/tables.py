@@ -365,3 +365,91 @@ usage_ledger = Table(
 Index(None, usage_ledger.c.account, usage_ledger.c.terminal_at_ms)
 Index(None, usage_ledger.c.batch_id)
 Index(None, usage_ledger.c.sender, usage_ledger.c.nonce)
+
+# The billing contract mirror (gasless.mirror, migration 0007): finalised contract events applied in
+# hyperblock order; the follower's cursor is the `mirror.cursor` row of service_meta, written in the same
+# transaction as the events it covers.
+mirror_accounts = Table(
+    "mirror_accounts",
+    metadata,
+    Column("address", String(62), primary_key=True),
+    Column("credits_micro", Micro, nullable=False),
+    Column("escrow_micro", Micro, nullable=False),
+    Column("running", JsonDoc, nullable=True),  # the running plan block, as the contract's view gives it
+    Column("queued", JsonDoc, nullable=True),
+    Column("auto_renew", Boolean, nullable=False),
+    Column("payg", JsonDoc, nullable=False),
+    Column("suspended", Boolean, nullable=False),
+    Column("created_ms", UnixMs, nullable=False),
+    Column("sender_count", Integer, nullable=False),
+    Column("hyperblock_nonce", BigInteger, nullable=False),  # the event that last refreshed the row
+    Column("updated_at_ms", UnixMs, nullable=False),
+)
+
+mirror_senders = Table(
+    "mirror_senders",
+    metadata,
+    Column("sender", String(62), primary_key=True),  # a sender belongs to at most one account
+    Column("account", String(62), nullable=False),
+    Column("seq", BigInteger, nullable=False),  # event order: oldest authorisation first
+    Column("added_at_ms", UnixMs, nullable=False),
+    Column("tx_hash", Hash32, nullable=False),
+)
+Index(None, mirror_senders.c.account, mirror_senders.c.seq)
+
+PURCHASE_KINDS = (
+    "deposit",
+    "plan_purchase",
+    "renewal",
+    "renewal_skipped",
+    "escrow_move",
+    "payg_settlement",
+    "sender_fee",
+    "grant",
+)
+_PURCHASE_KIND_SQL = ", ".join(f"'{kind}'" for kind in PURCHASE_KINDS)
+
+# The purchase timeline: one row per finalised contract event of a PurchaseKind. `seq` orders events
+# globally (hyperblock nonce, transaction position, event position), so the timeline never reorders.
+mirror_purchases = Table(
+    "mirror_purchases",
+    metadata,
+    Column("seq", BigInteger, primary_key=True, autoincrement=False),
+    Column("account", String(62), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("event", String(32), nullable=False),
+    Column("amount_micro", Micro, nullable=True),
+    Column("tier_id", Integer, nullable=True),
+    Column("details", JsonDoc, nullable=False),
+    Column("tx_hash", Hash32, nullable=False),
+    Column("event_index", Integer, nullable=False),
+    Column("hyperblock_nonce", BigInteger, nullable=False),
+    Column("block_ts_ms", UnixMs, nullable=False),
+    UniqueConstraint("tx_hash", "event_index"),
+    CheckConstraint(f"kind IN ({_PURCHASE_KIND_SQL})", name="kind"),
+)
+Index(None, mirror_purchases.c.account, mirror_purchases.c.block_ts_ms)
+
+# Contract-wide views (config, pause, tiers, rateClasses, tariffHistory, relayers) as read at start-up
+# and re-read when an event says they changed.
+mirror_views = Table(
+    "mirror_views",
+    metadata,
+    Column("name", String(32), primary_key=True),
+    Column("value", JsonDoc, nullable=False),
+    Column("hyperblock_nonce", BigInteger, nullable=False),
+    Column("updated_at_ms", UnixMs, nullable=False),
+)
+
+# `usageSettled` events as mirrored: the on-chain roots usage proofs verify against.
+mirror_settlements = Table(
+    "mirror_settlements",
+    metadata,
+    Column("batch_id", BigInteger, primary_key=True, autoincrement=False),
+    Column("usage_root", Hash32, nullable=False),
+    Column("row_count", BigInteger, nullable=False),
+    Column("total_ru", BigInteger, nullable=False),
+    Column("tx_hash", Hash32, nullable=False),
+    Column("hyperblock_nonce", BigInteger, nullable=False),
+    Column("block_ts_ms", UnixMs, nullable=False),
+)

@@ -1,0 +1,287 @@
+"""`gasless admin ...` (operator commands signed with the contract owner's key, sent through the gateways)
+and `gasless verify-proof` (check a usage proof against the on-chain `usageSettled` event)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.request
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import aiohttp
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from gasless.chain.addresses import InvalidAddress, parse_address
+from gasless.chain.gateway import GatewayClient
+
+admin_app = typer.Typer(
+    help="Operator commands on the billing contract, signed with the owner key.", no_args_is_help=True
+)
+console = Console(stderr=True)
+T = TypeVar("T")
+
+ConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML settings file.")]
+GatewayOption = Annotated[list[str] | None, typer.Option("--gateway", help="Gateway URL (repeatable).")]
+ContractOption = Annotated[str | None, typer.Option("--contract", help="Billing contract address.")]
+OwnerOption = Annotated[Path | None, typer.Option("--owner-pem", help="The contract owner's PEM file.")]
+DatabaseOption = Annotated[str | None, typer.Option("--database-url", help="The service database.")]
+
+
+def _settings(
+    config: Path | None,
+    gateways: list[str] | None,
+    contract: str | None,
+    owner_pem: Path | None,
+    database_url: str | None = None,
+) -> Any:
+    from gasless.settings import Settings
+
+    overrides: dict[str, Any] = {}
+    if gateways:
+        overrides["gateway_urls"] = gateways
+    if contract:
+        overrides["contract_address"] = contract
+    if owner_pem:
+        overrides["owner_key_file"] = owner_pem
+    if database_url:
+        overrides["database_url"] = database_url
+    try:
+        return Settings.load(config_file=config, **overrides)
+    except ValueError as exc:
+        console.print(f"[red]invalid settings:[/red] {exc}")
+        raise typer.Exit(2) from None
+
+
+async def _with_owner(settings: Any, work: Callable[[Any], Awaitable[T]]) -> T:
+    from gasless.settlement.owner_tx import OwnerTransactor, load_owner_key
+
+    if settings.owner_key_file is None or settings.network.contract_address is None:
+        console.print("[red]needs the owner key (--owner-pem) and the contract address (--contract)[/red]")
+        raise typer.Exit(2)
+    async with aiohttp.ClientSession() as http:
+        gateway = GatewayClient(http, settings.effective_gateway_urls, timeout_ms=settings.gateway_timeout_ms)
+        owner = OwnerTransactor(
+            gateway,
+            load_owner_key(settings.owner_key_file),
+            settings.network.contract_address,
+            settings.network.chain_id,
+        )
+        return await work(owner)
+
+
+def _owner_call(settings: Any, function: str, args: list[Any], what: str) -> None:
+    from gasless.settlement.owner_tx import OwnerCallError
+
+    async def work(owner: Any) -> str:
+        with console.status(f"{what}: signing and sending {function}"):
+            tx_hash = await owner.send(function, args)
+        with console.status(f"{what}: waiting for execution of {tx_hash}"):
+            state, reason = await owner.outcome(tx_hash)
+        if state != "success":
+            raise OwnerCallError(f"{function} {state}: {reason or 'no reason given'} (tx {tx_hash})")
+        return str(tx_hash)
+
+    try:
+        tx_hash = asyncio.run(_with_owner(settings, work))
+    except Exception as exc:  # noqa: BLE001 - the operator gets the reason, not a traceback
+        console.print(f"[red]{what} failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(f"[green]{what}[/green]: executed in {tx_hash}")
+    typer.echo(tx_hash)
+
+
+def _address(value: str) -> Any:
+    try:
+        return parse_address(value)
+    except InvalidAddress:
+        console.print(f"[red]not an erd1 address:[/red] {value}")
+        raise typer.Exit(2) from None
+
+
+@admin_app.command()
+def grant(
+    account: Annotated[str, typer.Argument(help="The account (erd1...).")],
+    tier: Annotated[int, typer.Argument(help="Tier id.", min=1)],
+    months: Annotated[int, typer.Argument(help="1 to 12.", min=1, max=12)],
+    config: ConfigOption = None,
+    gateway: GatewayOption = None,
+    contract: ContractOption = None,
+    owner_pem: OwnerOption = None,
+) -> None:
+    """Grant a plan block without payment (placed as a purchase would be)."""
+    settings = _settings(config, gateway, contract, owner_pem)
+    _owner_call(
+        settings, "grant", [_address(account), tier, months], f"grant tier {tier} x {months} to {account}"
+    )
+
+
+def _pause(scope: str, paused: bool, settings: Any) -> None:
+    function = "setPaused" if scope == "contract" else "setDepositsPaused"
+    _owner_call(settings, function, [paused], f"{'pause' if paused else 'unpause'} {scope}")
+
+
+ScopeArgument = Annotated[str, typer.Argument(help="contract or deposits.")]
+
+
+def _scope(value: str) -> str:
+    if value not in ("contract", "deposits"):
+        console.print("[red]scope must be 'contract' or 'deposits'[/red]")
+        raise typer.Exit(2)
+    return value
+
+
+@admin_app.command()
+def pause(
+    scope: ScopeArgument = "contract",
+    config: ConfigOption = None,
+    gateway: GatewayOption = None,
+    contract: ContractOption = None,
+    owner_pem: OwnerOption = None,
+) -> None:
+    """Pause the contract (every user endpoint) or deposits only."""
+    _pause(_scope(scope), True, _settings(config, gateway, contract, owner_pem))
+
+
+@admin_app.command()
+def unpause(
+    scope: ScopeArgument = "contract",
+    config: ConfigOption = None,
+    gateway: GatewayOption = None,
+    contract: ContractOption = None,
+    owner_pem: OwnerOption = None,
+) -> None:
+    """Lift the contract pause or the deposits pause."""
+    _pause(_scope(scope), False, _settings(config, gateway, contract, owner_pem))
+
+
+@admin_app.command("settle-now")
+def settle_now(
+    config: ConfigOption = None,
+    gateway: GatewayOption = None,
+    contract: ContractOption = None,
+    owner_pem: OwnerOption = None,
+    database_url: DatabaseOption = None,
+) -> None:
+    """Build the next settlement batch from the billed, unsettled usage rows and submit settleUsage now."""
+    from gasless.db import create_engine
+    from gasless.settlement.repository import SettlementRepository
+    from gasless.settlement.worker import SettlementWorker
+
+    settings = _settings(config, gateway, contract, owner_pem, database_url)
+
+    async def work(owner: Any) -> dict[str, Any] | None:
+        engine = create_engine(settings.effective_database_url)
+        try:
+            repo = SettlementRepository(engine)
+            worker = SettlementWorker(repo, owner.gateway, owner, interval_ms=settings.settlement_interval_ms)
+            with console.status("building and submitting the batch"):
+                batch_id = await worker.tick(force=True)
+            if batch_id is None:
+                return None
+            batch = await repo.batch(batch_id)
+            if batch is not None and batch["tx_hash"]:
+                with console.status(f"waiting for settleUsage {batch['tx_hash']}"):
+                    state, reason = await owner.outcome(batch["tx_hash"])
+                batch["execution"] = state if not reason else f"{state}: {reason}"
+            return batch
+        finally:
+            await engine.dispose()
+
+    try:
+        batch = asyncio.run(_with_owner(settings, work))
+    except Exception as exc:  # noqa: BLE001
+        console.print(f"[red]settle-now failed:[/red] {exc}")
+        raise typer.Exit(1) from None
+    if batch is None or batch.get("execution") != "success":
+        console.print(f"[red]the batch was not settled:[/red] {batch}")
+        raise typer.Exit(1)
+    table = Table(title=f"settlement batch {batch['batch_id']}")
+    for key in ("batch_id", "row_count", "total_ru", "usage_root", "tx_hash", "state"):
+        table.add_row(key, str(batch[key]))
+    console.print(table)
+    typer.echo(
+        json.dumps({k: batch[k] for k in ("batch_id", "usage_root", "row_count", "total_ru", "tx_hash")})
+    )
+
+
+@admin_app.command()
+def status(
+    config: ConfigOption = None,
+    database_url: DatabaseOption = None,
+) -> None:
+    """The mirror's cursor and the last settlement batch (read from the service database)."""
+    from gasless.db import create_engine
+    from gasless.mirror.repository import MirrorRepository
+
+    settings = _settings(config, None, None, None, database_url)
+
+    async def read() -> dict[str, Any]:
+        engine = create_engine(settings.effective_database_url)
+        try:
+            return await MirrorRepository(engine).status()
+        finally:
+            await engine.dispose()
+
+    info = asyncio.run(read())
+    table = Table(title="gasless billing status")
+    cursor = info["cursor"] or {}
+    table.add_row("mirror cursor (hyperblock)", str(cursor.get("hyperblockNonce", "none yet")))
+    table.add_row("mirrored accounts", str(info["accounts"]))
+    table.add_row("purchase events", str(info["purchases"]))
+    last = info["lastBatch"]
+    table.add_row("last batch", "none" if last is None else f"{last['batch_id']} ({last['state']})")
+    console.print(table)
+    typer.echo(json.dumps(info, default=str))
+
+
+def verify_proof_command(
+    source: Annotated[str, typer.Argument(help="A UsageProof JSON file, or its URL.")],
+    gateway: Annotated[str, typer.Option("--gateway", help="Gateway to read the usageSettled event from.")],
+    contract: ContractOption = None,
+    api_key: Annotated[str | None, typer.Option("--api-key", envvar="GASLESS_API_KEY")] = None,
+) -> None:
+    """Check a usage proof against the `usageSettled` event of its batch, read from a gateway."""
+    from gasless.settlement.proofs import ProofInvalid, usage_settled_events, verify_proof
+
+    if source.startswith(("http://", "https://")):
+        request = urllib.request.Request(source, headers={"X-Api-Key": api_key} if api_key else {})
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            proof = json.loads(answer.read())
+    else:
+        proof = json.loads(Path(source).read_text())
+
+    async def fetch() -> list[dict[str, Any]]:
+        async with aiohttp.ClientSession() as http:
+            client = GatewayClient(http, [gateway])
+            tx = await client.transaction(proof["settlement"]["txHash"])
+        if tx is None:
+            return []
+        return usage_settled_events(tx, contract)
+
+    events = asyncio.run(fetch())
+    matching = [e for e in events if int(e["batch_id"]) == int(proof["batchId"])]
+    if not matching:
+        console.print(
+            f"[red]no usageSettled event for batch {proof['batchId']} in {proof['settlement']['txHash']}[/red]"
+        )
+        raise typer.Exit(1)
+    try:
+        verify_proof(proof, matching[0])
+    except (ProofInvalid, ValueError, KeyError) as exc:
+        console.print(f"[red]proof INVALID:[/red] {exc}")
+        raise typer.Exit(1) from None
+    console.print(
+        f"[green]proof valid[/green]: {proof['txHash']} is leaf {proof['leafIndex']} of batch {proof['batchId']}, "
+        f"root {matching[0]['usage_root']} (tx {proof['settlement']['txHash']})"
+    )
+    typer.echo("valid")
+
+
+def register(app: typer.Typer) -> None:
+    """Add `gasless admin ...` and `gasless verify-proof` to the main command."""
+    app.add_typer(admin_app, name="admin")
+    app.command("verify-proof")(verify_proof_command)

@@ -1,0 +1,79 @@
+"""Owner-signed billing-contract calls sent through the service's gateway path (settlement, `gasless admin`)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from multiversx_sdk import UserPEM, UserSecretKey
+
+from gasless.chain.abi import load_billing_abi
+from gasless.chain.addresses import address_of, parse_address
+from gasless.chain.calls import contract_call
+from gasless.chain.codec import signing_bytes
+from gasless.chain.gateway import GatewayClient
+
+OWNER_GAS = 20_000_000
+MAX_GAS = 600_000_000
+
+
+class OwnerCallError(RuntimeError):
+    pass
+
+
+def load_owner_key(path: Path) -> UserSecretKey:
+    return UserPEM.from_file(Path(path)).secret_key
+
+
+class OwnerTransactor:
+    """Signs calls with the contract owner's key and broadcasts them to every gateway."""
+
+    def __init__(self, gateway: GatewayClient, key: UserSecretKey, contract: str, chain_id: str) -> None:
+        self.gateway = gateway
+        self.key = key
+        self.contract = contract
+        self.chain_id = chain_id
+        self.address = address_of(key.generate_public_key().buffer)
+
+    async def send(self, function: str, arguments: list[Any], *, gas_limit: int = OWNER_GAS) -> str:
+        """Sign and broadcast; returns the transaction hash (OwnerCallError when no gateway accepted it)."""
+        account = await self.gateway.account(self.address.to_bech32())
+        tx = contract_call(
+            abi=load_billing_abi(),
+            chain_id=self.chain_id,
+            sender=self.address,
+            contract=parse_address(self.contract),
+            function=function,
+            arguments=arguments,
+            gas_limit=min(gas_limit, MAX_GAS),
+            nonce=int(account.get("nonce", 0)),
+        )
+        tx.signature = self.key.sign(signing_bytes(tx))
+        ack = await self.gateway.broadcast(tx.to_dictionary()).first_ack
+        if not ack.ok or ack.tx_hash is None:
+            raise OwnerCallError(f"{function} was not accepted: {ack.error}")
+        return ack.tx_hash
+
+    async def outcome(self, tx_hash: str, *, timeout_s: float = 60.0) -> tuple[str, str | None]:
+        """Wait for execution: ("success" | "fail" | "invalid", reason), or ("pending", None) on timeout."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while loop.time() < deadline:
+            try:
+                status = await self.gateway.get(f"/transaction/{tx_hash}/process-status")
+            except Exception:  # noqa: BLE001 - not known yet, or a gateway hiccup: ask again
+                status = {}
+            state = status.get("status")
+            if state in ("success", "fail", "invalid"):
+                return state, status.get("reason")
+            await asyncio.sleep(0.1)
+        return "pending", None
+
+    async def call(self, function: str, arguments: list[Any], *, gas_limit: int = OWNER_GAS) -> str:
+        """Send and wait for success (OwnerCallError otherwise)."""
+        tx_hash = await self.send(function, arguments, gas_limit=gas_limit)
+        state, reason = await self.outcome(tx_hash)
+        if state != "success":
+            raise OwnerCallError(f"{function} {state}: {reason or 'no reason given'} (tx {tx_hash})")
+        return tx_hash

@@ -1,0 +1,189 @@
+"""Settlement batches over the usage ledger: building a batch, its state, and the proof of one row."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from sqlalchemy import and_, func, select, update
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gasless.chain.addresses import parse_address
+from gasless.db.engine import begin_write
+from gasless.db.tables import settlement_batches, usage_ledger
+from gasless.settlement.merkle import LeafRow, leaf_hash, merkle_path, merkle_root
+
+_ZERO32 = bytes(32)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _pubkey(bech32: str | None) -> bytes:
+    return bytes(parse_address(bech32).get_public_key()) if bech32 else _ZERO32
+
+
+def leaf_row(row: Any, batch_id: int, leaf_index: int) -> LeafRow:
+    """The leaf of one ledger row (a mapping or Row with usage_ledger's columns)."""
+    m = row._mapping if hasattr(row, "_mapping") else row
+    return LeafRow(
+        batch_id=batch_id,
+        leaf_index=leaf_index,
+        tx_hash=bytes.fromhex(m["tx_hash"]),
+        account=_pubkey(m["account"]),
+        sender=_pubkey(m["sender"]),
+        nonce=int(m["nonce"]),
+        receiver=_pubkey(m["receiver"]),
+        status=m["status"],
+        billing_class=m["billing_class"],
+        ru=int(m["ru"] or 0),
+        payg_micro=int(m["payg_micro"] or 0),
+        period_id=int(m["period_id"] or 0),
+        executed_block_ts_ms=int(m["executed_block_ts_ms"] or 0),
+        gas_limit=int(m["gas_limit"]),
+        gas_price=int(m["gas_price"]),
+        api_key_id=m["api_key_id"] or "",
+    )
+
+
+@dataclass(frozen=True)
+class BuiltBatch:
+    batch_id: int
+    usage_root: bytes
+    row_count: int
+    total_ru: int
+    charges: list[SimpleNamespace]  # UsageCharge(account, ru, payg_micro) per PAYG account
+
+
+class SettlementRepository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def build(self, max_rows: int) -> BuiltBatch:
+        """Take the billed, unsettled rows (oldest first) into a new batch: ids, leaf indexes, root."""
+        now = _now_ms()
+        async with begin_write(self.engine) as conn:
+            last = await conn.scalar(select(func.max(settlement_batches.c.batch_id)))
+            batch_id = int(last or 0) + 1
+            rows = (
+                await conn.execute(
+                    select(usage_ledger)
+                    .where(and_(usage_ledger.c.billed.is_(True), usage_ledger.c.batch_id.is_(None)))
+                    .order_by(usage_ledger.c.terminal_at_ms, usage_ledger.c.tx_hash)
+                    .limit(max_rows)
+                )
+            ).all()
+            leaves = [leaf_hash(leaf_row(r, batch_id, i).encode()) for i, r in enumerate(rows)]
+            root = merkle_root(leaves)
+            total_ru = sum(int(r.ru or 0) for r in rows)
+            await conn.execute(
+                settlement_batches.insert().values(
+                    batch_id=batch_id,
+                    usage_root=root.hex(),
+                    row_count=len(rows),
+                    total_ru=total_ru,
+                    state="built",
+                    created_at_ms=now,
+                )
+            )
+            for index, row in enumerate(rows):
+                result = await conn.execute(
+                    update(usage_ledger)
+                    .where(and_(usage_ledger.c.tx_hash == row.tx_hash, usage_ledger.c.batch_id.is_(None)))
+                    .values(batch_id=batch_id, leaf_index=index)
+                )
+                if result.rowcount != 1:
+                    raise RuntimeError(f"ledger row {row.tx_hash} changed while batch {batch_id} was built")
+        return BuiltBatch(batch_id, root, len(rows), total_ru, self._charges(rows))
+
+    @staticmethod
+    def _charges(rows: list[Any]) -> list[SimpleNamespace]:
+        per_account: dict[str, list[int]] = {}
+        for row in rows:
+            if row.billing_class == "payg" and row.account:
+                entry = per_account.setdefault(row.account, [0, 0])
+                entry[0] += int(row.ru or 0)
+                entry[1] += int(row.payg_micro or 0)
+        return [
+            SimpleNamespace(account=parse_address(account), ru=ru, payg_micro=micro)
+            for account, (ru, micro) in sorted(per_account.items())
+        ]
+
+    async def batch(self, batch_id: int) -> dict[str, Any] | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(settlement_batches).where(settlement_batches.c.batch_id == batch_id)
+                )
+            ).first()
+        return dict(row._mapping) if row is not None else None
+
+    async def rebuild(self, batch_id: int) -> BuiltBatch:
+        """A stored batch as it was built (to submit it again after a restart or a failed send)."""
+        async with self.engine.connect() as conn:
+            stored = (
+                await conn.execute(
+                    select(settlement_batches).where(settlement_batches.c.batch_id == batch_id)
+                )
+            ).one()
+            rows = (
+                await conn.execute(
+                    select(usage_ledger)
+                    .where(usage_ledger.c.batch_id == batch_id)
+                    .order_by(usage_ledger.c.leaf_index)
+                )
+            ).all()
+        return BuiltBatch(
+            batch_id, bytes.fromhex(stored.usage_root), stored.row_count, stored.total_ru, self._charges(rows)
+        )
+
+    async def unfinished(self) -> list[dict[str, Any]]:
+        async with self.engine.connect() as conn:
+            rows = await conn.execute(
+                select(settlement_batches)
+                .where(settlement_batches.c.state.in_(("built", "submitted")))
+                .order_by(settlement_batches.c.batch_id)
+            )
+            return [dict(r._mapping) for r in rows]
+
+    async def last(self) -> dict[str, Any] | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(settlement_batches).order_by(settlement_batches.c.batch_id.desc()).limit(1)
+                )
+            ).first()
+        return dict(row._mapping) if row is not None else None
+
+    async def mark(self, batch_id: int, state: str, *, tx_hash: str | None = None) -> None:
+        values: dict[str, Any] = {"state": state}
+        if tx_hash is not None:
+            values.update(tx_hash=tx_hash, submitted_at_ms=_now_ms())
+        async with begin_write(self.engine) as conn:
+            await conn.execute(
+                update(settlement_batches)
+                .where(
+                    and_(settlement_batches.c.batch_id == batch_id, settlement_batches.c.state != "committed")
+                )
+                .values(**values)
+            )
+
+    async def ledger_row(self, tx_hash: str) -> Any | None:
+        async with self.engine.connect() as conn:
+            return (await conn.execute(select(usage_ledger).where(usage_ledger.c.tx_hash == tx_hash))).first()
+
+    async def proof_parts(self, batch_id: int, leaf_index: int) -> tuple[list[Any], Any]:
+        """(path, leaf row) for a row of a batch: every leaf of the batch is re-derived from the ledger."""
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(usage_ledger)
+                    .where(usage_ledger.c.batch_id == batch_id)
+                    .order_by(usage_ledger.c.leaf_index)
+                )
+            ).all()
+        leaves = [leaf_hash(leaf_row(r, batch_id, i).encode()) for i, r in enumerate(rows)]
+        return merkle_path(leaves, leaf_index), rows[leaf_index]

@@ -1,0 +1,53 @@
+"""`GET /v1/usage/{txHash}/proof`: thin adapter to the proof service."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Request
+
+from gasless.auth.deps import ApiKeyHeader, AuthorizationHeader, read_access_to
+from gasless.errors import ApiError
+from gasless.settlement.proofs import UsageProof
+
+router = APIRouter(tags=["usage"])
+_HASH = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+def _proofs(request: Request) -> Any:
+    service = request.app.state.host.proof_service
+    if service is None:
+        raise ApiError(
+            "UPSTREAM_UNAVAILABLE", detail="this host is starting", details={"retryAfterMs": 1_000}
+        )
+    return service
+
+
+@router.get(
+    "/v1/usage/{txHash}/proof",
+    operation_id="getUsageProof",
+    response_model=UsageProof,
+    summary="Merkle inclusion proof of a usage row against its batch's on-chain usage_root",
+)
+async def get_usage_proof(
+    request: Request,
+    tx_hash: Annotated[str, Path(alias="txHash", max_length=64)],
+    authorization: AuthorizationHeader,
+    api_key: ApiKeyHeader,
+) -> UsageProof:
+    if not _HASH.fullmatch(tx_hash):
+        raise ApiError(
+            "MALFORMED_REQUEST", detail="txHash must be 64 hex characters", details={"field": "txHash"}
+        )
+    tx_hash = tx_hash.lower()
+    if authorization is None and api_key is None:
+        # Credentials first: an anonymous caller learns nothing about which rows exist.
+        await read_access_to(request, "", authorization, api_key)
+    service = _proofs(request)
+    account = await service.account_of(tx_hash)
+    if account is None:  # a dead row nobody paid for: never settled
+        raise ApiError("NOT_FOUND", detail="the row is not billed: it is never settled and has no proof")
+    await read_access_to(request, account, authorization, api_key)
+    proof: UsageProof = await service.proof(tx_hash)
+    return proof
