@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import aiohttp
 import structlog
 from fastapi import FastAPI, Response
-from pydantic import BaseModel
 from redis.asyncio import Redis
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless import __version__
 from gasless.accounts import routes as account_routes
@@ -33,10 +29,9 @@ from gasless.billing.limiter import AccountLimiter, PlatformBudget
 from gasless.body_limit import BodyLimitMiddleware
 from gasless.chain.gateway import GatewayClient
 from gasless.chain.network import NetworkView
-from gasless.crypto import PurposeKeys
 from gasless.db import create_engine, ping, upgrade
 from gasless.db.leader import SingletonRunner
-from gasless.errors import ApiError
+from gasless.host import Health, HostState, gateway_answers, purpose_keys, redis_answers
 from gasless.idempotency import IdempotencyStore
 from gasless.keys import routes as key_routes
 from gasless.keys.repository import ApiKeyRepository
@@ -44,7 +39,7 @@ from gasless.keys.service import ApiKeyService
 from gasless.limits import RouteLimiter, RouteLimitTable, local_route_limiter
 from gasless.limits_redis import redis_backends, redis_namespace
 from gasless.logs import quiet_sdk_loggers
-from gasless.metrics import HostCollector, HostMetrics, MeteredIntentBus, MetricsMiddleware
+from gasless.metrics import HostCollector, MeteredIntentBus, MetricsMiddleware
 from gasless.mirror.follower import MIRROR_ROLE, MirrorFollower
 from gasless.mirror.repository import MirrorRepository
 from gasless.openapi import install_openapi
@@ -70,7 +65,7 @@ from gasless.settlement.service import ProofService
 from gasless.settlement.worker import SETTLEMENT_ROLE, SettlementWorker
 from gasless.signer import FencedSigner, PemSigner, Signer
 from gasless.streams import routes as stream_routes
-from gasless.streams.service import StreamService, build_stream_service
+from gasless.streams.service import build_stream_service
 from gasless.usage import routes as usage_routes
 from gasless.webhooks import routes as webhook_routes
 from gasless.webhooks.delivery import DeliveryRetention, Dispatcher, IntentRecorder
@@ -79,169 +74,6 @@ from gasless.webhooks.service import WebhookService
 from gasless.webhooks.ssrf import AddressPolicy
 
 log = structlog.get_logger("gasless.app")
-
-
-class Health(BaseModel):
-    """Liveness or readiness of one API host."""
-
-    status: Literal["ok", "starting", "unavailable"]
-    hostId: str
-    version: str
-    network: str
-    chainId: str
-    bootEpochMs: int
-    checks: dict[str, str] = {}
-    # Singleton roles and whether this host runs them now (readiness only): "leader" or "standby".
-    singletons: dict[str, str] = {}
-
-
-@dataclass
-class HostState:
-    """What one API host holds while it runs."""
-
-    settings: Settings
-    boot_epoch_ms: int
-    keys: PurposeKeys
-    limits: RouteLimiter
-    cursors: CursorCodec
-    metrics: HostMetrics = field(default_factory=HostMetrics)
-    engine: AsyncEngine | None = None
-    http: aiohttp.ClientSession | None = None
-    redis: Redis | None = None
-    restored: bool = False
-    checks: dict[str, str] = field(default_factory=dict)
-    # The relay core, wired in the lifespan once the network is reachable.
-    gateway: GatewayClient | None = None
-    network: NetworkView | None = None
-    signer: FencedSigner | None = None
-    relayers: RelayerPool | None = None
-    repo: IntentRepository | None = None
-    bus: IntentBus | None = None
-    tracker: Tracker | None = None
-    broadcaster: Broadcaster | None = None
-    retention: Retention | None = None
-    singletons: SingletonRunner | None = None
-    relay_service: RelayService | None = None
-    assign_service: AssignService | None = None
-    quote_service: QuoteService | None = None
-    mirror: ContractMirror | None = None
-    native_auth: NativeAuthVerifier | None = None
-    sender_listing: SenderListing | None = None
-    # Authentication: browser origins, roles on accounts, sponsor API keys.
-    origin_policy: OriginPolicy | None = None
-    account_roles: AccountRoles | None = None
-    action_signatures: ActionSignatures | None = None
-    api_key_service: ApiKeyService | None = None
-    # Account streams and their tickets (needs only Redis or this process: usable before the relay core).
-    streams: StreamService | None = None
-    # Webhooks and the generic Idempotency-Key store (database only: usable before the relay core).
-    webhooks: WebhookService | None = None
-    webhook_dispatcher: Dispatcher | None = None
-    webhook_recorder: IntentRecorder | None = None
-    idempotency: IdempotencyStore | None = None
-    startup_error: str | None = None
-    # Billing contract mirror, account reads, settlement (the workers run on the role's leader only).
-    mirror_repo: MirrorRepository | None = None
-    mirror_follower: MirrorFollower | None = None
-    account_reads: AccountReads | None = None
-    settlement_worker: SettlementWorker | None = None
-    proof_service: ProofService | None = None
-
-    # Account-stream event ids (spec "Account stream" 3-4): `<hostId>.<bootEpochMs>.<seq>`. Only ids this
-    # very process issued resume; another host's, or one from before a restart, starts with `reset`.
-    def stream_event_id(self, seq: int) -> str:
-        return f"{self.settings.host_id}.{self.boot_epoch_ms}.{seq}"
-
-    def resumable_seq(self, last_event_id: str | None) -> int | None:
-        """The `seq` of a Last-Event-ID issued by this process, else None (the stream sends `reset`)."""
-        host, _, rest = (last_event_id or "").partition(".")
-        boot, _, seq = rest.partition(".")
-        if host != self.settings.host_id or boot != str(self.boot_epoch_ms) or not seq.isdigit():
-            return None
-        return int(seq)
-
-    def _require(self, value: Any) -> Any:
-        if value is None or not self.restored:
-            raise ApiError(
-                "UPSTREAM_UNAVAILABLE",
-                detail="this host is still starting (restoring state, reaching the network); retry shortly",
-                details={"retryAfterMs": 1_000},
-            )
-        return value
-
-    @property
-    def relay(self) -> RelayService:
-        return self._require(self.relay_service)  # type: ignore[no-any-return]
-
-    @property
-    def assign(self) -> AssignService:
-        return self._require(self.assign_service)  # type: ignore[no-any-return]
-
-    @property
-    def quotes(self) -> QuoteService:
-        return self._require(self.quote_service)  # type: ignore[no-any-return]
-
-    @property
-    def senders(self) -> SenderListing:
-        return self._require(self.sender_listing)  # type: ignore[no-any-return]
-
-    @property
-    def account_reads_service(self) -> AccountReads:
-        return self._require(self.account_reads)  # type: ignore[no-any-return]
-
-    @property
-    def token_verifier(self) -> NativeAuthVerifier:
-        return self._require(self.native_auth)  # type: ignore[no-any-return]
-
-    @property
-    def actions(self) -> ActionSignatures:
-        return self._require(self.action_signatures)  # type: ignore[no-any-return]
-
-    @property
-    def roles(self) -> AccountRoles:
-        return self._require(self.account_roles)  # type: ignore[no-any-return]
-
-    @property
-    def api_keys(self) -> ApiKeyService:
-        # Needs only the database: usable before the relay core is restored.
-        if self.api_key_service is None:
-            raise ApiError(
-                "UPSTREAM_UNAVAILABLE", detail="this host is starting", details={"retryAfterMs": 1_000}
-            )
-        return self.api_key_service
-
-
-async def _gateway_answers(state: HostState) -> bool:
-    assert state.http is not None
-    for url in state.settings.effective_gateway_urls:
-        try:
-            async with state.http.get(
-                f"{url}/network/config", timeout=aiohttp.ClientTimeout(total=1.5)
-            ) as resp:
-                if resp.status == 200:
-                    return True
-        except (TimeoutError, aiohttp.ClientError):
-            continue
-    return False
-
-
-async def _redis_answers(redis: Redis) -> bool:
-    try:
-        return bool(await redis.ping())
-    except Exception:  # any connection or protocol error means "not ready"
-        return False
-
-
-def purpose_keys(settings: Settings) -> PurposeKeys:
-    secret = settings.master_secret.get_secret_value() if settings.master_secret is not None else None
-    if secret is None:
-        # localnet without a configured secret: leases live as long as the process.
-        if not settings.effective_database_url.startswith("sqlite"):
-            log.warning(
-                "no master secret: another host will refuse this host's leases", host_id=settings.host_id
-            )
-        secret = secrets.token_urlsafe(48)
-    return PurposeKeys(secret.encode(), settings.key_env, settings.network.chain_id)
 
 
 async def _start_relay_core(
@@ -610,10 +442,10 @@ def create_app(
         checks = {
             "restore": "ok" if state.restored else (state.startup_error or "running"),
             "database": "ok" if state.engine is not None and await ping(state.engine) else "unreachable",
-            "gateway": "ok" if state.http is not None and await _gateway_answers(state) else "unreachable",
+            "gateway": "ok" if state.http is not None and await gateway_answers(state) else "unreachable",
         }
         if state.redis is not None:
-            checks["redis"] = "ok" if await _redis_answers(state.redis) else "unreachable"
+            checks["redis"] = "ok" if await redis_answers(state.redis) else "unreachable"
         if state.restored and state.network is not None and state.signer is not None:
             offset = state.network.clock_offset_ms()
             checks["clock"] = (

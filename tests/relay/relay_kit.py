@@ -197,7 +197,7 @@ def relay_settings(tmp_path: Path, localnet: Any, **overrides: Any) -> Settings:
         "wrapper_address": info.get("wrapper"),
         "relayer_key_files": [w.path for w in localnet.net.genesis.relayers],
         "relayer_refresh_ms": 200,
-        "signer_fence_ttl_ms": 2_000,
+        "signer_fence_ttl_ms": 5_000,
     }
     values.update(overrides)
     return Settings(**values)

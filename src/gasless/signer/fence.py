@@ -66,9 +66,10 @@ class FencedSigner:
 
     async def _claim(self) -> bool:
         """Take or renew the claim; False when another live holder has it."""
-        now = self._now_ms()
         try:
             async with begin_write(self.engine) as conn:
+                # Time is read once the write lock is ours: a wait for the lock must not eat the validity.
+                now = self._now_ms()
                 row = (
                     await conn.execute(
                         select(signer_fences).where(signer_fences.c.signer_id == self.signer_id)

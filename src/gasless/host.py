@@ -1,0 +1,212 @@
+"""What one API host holds while it runs (`HostState`), its health shape, and its purpose keys."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+import structlog
+from pydantic import BaseModel
+from redis.asyncio import Redis
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from gasless.accounts.mirror_reads import AccountReads
+from gasless.accounts.senders import SenderListing
+from gasless.auth.actions import ActionSignatures
+from gasless.auth.native_auth import NativeAuthVerifier
+from gasless.auth.origins import OriginPolicy
+from gasless.auth.roles import AccountRoles
+from gasless.chain.gateway import GatewayClient
+from gasless.chain.network import NetworkView
+from gasless.crypto import PurposeKeys
+from gasless.db.leader import SingletonRunner
+from gasless.errors import ApiError
+from gasless.idempotency import IdempotencyStore
+from gasless.keys.service import ApiKeyService
+from gasless.limits import RouteLimiter
+from gasless.metrics import HostMetrics
+from gasless.mirror.follower import MirrorFollower
+from gasless.mirror.repository import MirrorRepository
+from gasless.pages import CursorCodec
+from gasless.relay.assign import AssignService
+from gasless.relay.entitlement import ContractMirror
+from gasless.relay.events import IntentBus
+from gasless.relay.jobs import Broadcaster, Retention, Tracker
+from gasless.relay.quote import QuoteService
+from gasless.relay.relayers import RelayerPool
+from gasless.relay.repository import IntentRepository
+from gasless.relay.service import RelayService
+from gasless.settings import Settings
+from gasless.settlement.service import ProofService
+from gasless.settlement.worker import SettlementWorker
+from gasless.signer import FencedSigner
+from gasless.streams.service import StreamService
+from gasless.webhooks.delivery import Dispatcher, IntentRecorder
+from gasless.webhooks.service import WebhookService
+
+log = structlog.get_logger("gasless.host")
+
+
+class Health(BaseModel):
+    """Liveness or readiness of one API host."""
+
+    status: Literal["ok", "starting", "unavailable"]
+    hostId: str
+    version: str
+    network: str
+    chainId: str
+    bootEpochMs: int
+    checks: dict[str, str] = {}
+    # Singleton roles and whether this host runs them now (readiness only): "leader" or "standby".
+    singletons: dict[str, str] = {}
+
+
+@dataclass
+class HostState:
+    """What one API host holds while it runs."""
+
+    settings: Settings
+    boot_epoch_ms: int
+    keys: PurposeKeys
+    limits: RouteLimiter
+    cursors: CursorCodec
+    metrics: HostMetrics = field(default_factory=HostMetrics)
+    engine: AsyncEngine | None = None
+    http: aiohttp.ClientSession | None = None
+    redis: Redis | None = None
+    restored: bool = False
+    checks: dict[str, str] = field(default_factory=dict)
+    # The relay core, wired in the lifespan once the network is reachable.
+    gateway: GatewayClient | None = None
+    network: NetworkView | None = None
+    signer: FencedSigner | None = None
+    relayers: RelayerPool | None = None
+    repo: IntentRepository | None = None
+    bus: IntentBus | None = None
+    tracker: Tracker | None = None
+    broadcaster: Broadcaster | None = None
+    retention: Retention | None = None
+    singletons: SingletonRunner | None = None
+    relay_service: RelayService | None = None
+    assign_service: AssignService | None = None
+    quote_service: QuoteService | None = None
+    mirror: ContractMirror | None = None
+    native_auth: NativeAuthVerifier | None = None
+    sender_listing: SenderListing | None = None
+    # Authentication: browser origins, roles on accounts, sponsor API keys.
+    origin_policy: OriginPolicy | None = None
+    account_roles: AccountRoles | None = None
+    action_signatures: ActionSignatures | None = None
+    api_key_service: ApiKeyService | None = None
+    # Account streams and their tickets (needs only Redis or this process: usable before the relay core).
+    streams: StreamService | None = None
+    # Webhooks and the generic Idempotency-Key store (database only: usable before the relay core).
+    webhooks: WebhookService | None = None
+    webhook_dispatcher: Dispatcher | None = None
+    webhook_recorder: IntentRecorder | None = None
+    idempotency: IdempotencyStore | None = None
+    startup_error: str | None = None
+    # Billing contract mirror, account reads, settlement (the workers run on the role's leader only).
+    mirror_repo: MirrorRepository | None = None
+    mirror_follower: MirrorFollower | None = None
+    account_reads: AccountReads | None = None
+    settlement_worker: SettlementWorker | None = None
+    proof_service: ProofService | None = None
+
+    # Account-stream event ids (spec "Account stream" 3-4): `<hostId>.<bootEpochMs>.<seq>`. Only ids this
+    # very process issued resume; another host's, or one from before a restart, starts with `reset`.
+    def stream_event_id(self, seq: int) -> str:
+        return f"{self.settings.host_id}.{self.boot_epoch_ms}.{seq}"
+
+    def resumable_seq(self, last_event_id: str | None) -> int | None:
+        """The `seq` of a Last-Event-ID issued by this process, else None (the stream sends `reset`)."""
+        host, _, rest = (last_event_id or "").partition(".")
+        boot, _, seq = rest.partition(".")
+        if host != self.settings.host_id or boot != str(self.boot_epoch_ms) or not seq.isdigit():
+            return None
+        return int(seq)
+
+    def _require(self, value: Any) -> Any:
+        if value is None or not self.restored:
+            raise ApiError(
+                "UPSTREAM_UNAVAILABLE",
+                detail="this host is still starting (restoring state, reaching the network); retry shortly",
+                details={"retryAfterMs": 1_000},
+            )
+        return value
+
+    @property
+    def relay(self) -> RelayService:
+        return self._require(self.relay_service)  # type: ignore[no-any-return]
+
+    @property
+    def assign(self) -> AssignService:
+        return self._require(self.assign_service)  # type: ignore[no-any-return]
+
+    @property
+    def quotes(self) -> QuoteService:
+        return self._require(self.quote_service)  # type: ignore[no-any-return]
+
+    @property
+    def senders(self) -> SenderListing:
+        return self._require(self.sender_listing)  # type: ignore[no-any-return]
+
+    @property
+    def account_reads_service(self) -> AccountReads:
+        return self._require(self.account_reads)  # type: ignore[no-any-return]
+
+    @property
+    def token_verifier(self) -> NativeAuthVerifier:
+        return self._require(self.native_auth)  # type: ignore[no-any-return]
+
+    @property
+    def actions(self) -> ActionSignatures:
+        return self._require(self.action_signatures)  # type: ignore[no-any-return]
+
+    @property
+    def roles(self) -> AccountRoles:
+        return self._require(self.account_roles)  # type: ignore[no-any-return]
+
+    @property
+    def api_keys(self) -> ApiKeyService:
+        # Needs only the database: usable before the relay core is restored.
+        if self.api_key_service is None:
+            raise ApiError(
+                "UPSTREAM_UNAVAILABLE", detail="this host is starting", details={"retryAfterMs": 1_000}
+            )
+        return self.api_key_service
+
+
+async def gateway_answers(state: HostState) -> bool:
+    assert state.http is not None
+    for url in state.settings.effective_gateway_urls:
+        try:
+            async with state.http.get(
+                f"{url}/network/config", timeout=aiohttp.ClientTimeout(total=1.5)
+            ) as resp:
+                if resp.status == 200:
+                    return True
+        except (TimeoutError, aiohttp.ClientError):
+            continue
+    return False
+
+
+async def redis_answers(redis: Redis) -> bool:
+    try:
+        return bool(await redis.ping())
+    except Exception:  # any connection or protocol error means "not ready"
+        return False
+
+
+def purpose_keys(settings: Settings) -> PurposeKeys:
+    secret = settings.master_secret.get_secret_value() if settings.master_secret is not None else None
+    if secret is None:
+        # localnet without a configured secret: leases live as long as the process.
+        if not settings.effective_database_url.startswith("sqlite"):
+            log.warning(
+                "no master secret: another host will refuse this host's leases", host_id=settings.host_id
+            )
+        secret = secrets.token_urlsafe(48)
+    return PurposeKeys(secret.encode(), settings.key_env, settings.network.chain_id)
