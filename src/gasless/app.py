@@ -40,7 +40,7 @@ from gasless.idempotency import IdempotencyStore
 from gasless.keys import routes as key_routes
 from gasless.keys.repository import ApiKeyRepository
 from gasless.keys.service import ApiKeyService
-from gasless.limits import RouteLimiter, RouteLimitTable, local_route_limiter
+from gasless.limits import Rate, RouteLimiter, RouteLimitTable, local_route_limiter
 from gasless.limits_redis import redis_backends, redis_namespace
 from gasless.logs import quiet_sdk_loggers
 from gasless.metrics import HostCollector, HostMetrics, MeteredIntentBus, MetricsMiddleware
@@ -297,7 +297,14 @@ async def _start_relay_core(
                 settings.billing_platform_ru_per_second, settings.billing_platform_ru_burst
             ),
         ),
-        free_flow=FreeFlowLimits(platform_per_day=settings.billing_free_flow_platform_per_day),
+        free_flow=FreeFlowLimits(
+            per_day=settings.billing_free_flow_per_day,
+            per_30_days=settings.billing_free_flow_per_30_days,
+            platform_per_day=settings.billing_free_flow_platform_per_day,
+            platform_rate=Rate(
+                settings.billing_free_flow_platform_per_second, settings.billing_free_flow_platform_burst
+            ),
+        ),
     )
     native_auth = NativeAuthVerifier(network.blocks, accepted_origins=settings.effective_native_auth_origins)
     assign = AssignService(
