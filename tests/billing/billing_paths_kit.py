@@ -57,8 +57,8 @@ def call_gas(env: Any, function: str, data: bytes) -> int:
 def contract_data(function: str, *args: bytes | int) -> bytes:
     parts = [function.encode()]
     for arg in args:
-        if isinstance(arg, int):
-            text = f"{arg:x}"
+        if isinstance(arg, int):  # top-level encoding: 0 (and false) is empty
+            text = f"{arg:x}" if arg else ""
             parts.append((("0" if len(text) % 2 else "") + text).encode())
         else:
             parts.append(arg.hex().encode())
