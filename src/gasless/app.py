@@ -29,6 +29,7 @@ from gasless.auth.roles import AccountRoles
 from gasless.billing.entitlement import AdmissionPolicy, BillingEntitlement
 from gasless.billing.gate import BillingGate, FreeFlowLimits
 from gasless.billing.limiter import AccountLimiter, PlatformBudget
+from gasless.billing.unbilled import UnbilledEntitlement
 from gasless.body_limit import BodyLimitMiddleware
 from gasless.chain.gateway import GatewayClient
 from gasless.chain.network import NetworkView
@@ -306,6 +307,10 @@ async def _start_relay_core(
             ),
         ),
     )
+    gate: BillingGate | None = billing
+    if settings.bench_unbilled:  # bench/relay.py --unbilled only: the relay path without billing
+        entitlement, gate = UnbilledEntitlement(), None
+        log.warning("billing disabled (bench_unbilled): every relay is free and unaccounted")
     native_auth = NativeAuthVerifier(network.blocks, accepted_origins=settings.effective_native_auth_origins)
     assign = AssignService(
         chain_id=settings.network.chain_id,
@@ -337,7 +342,7 @@ async def _start_relay_core(
         broadcaster=broadcaster,
         tracker=tracker,
         assign=assign,
-        billing=billing,
+        billing=gate,
     )
     state.repo, state.bus, state.broadcaster, state.tracker = repo, bus, broadcaster, tracker
     recovered = await tracker.recover()

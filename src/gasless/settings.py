@@ -140,6 +140,8 @@ class Settings(BaseSettings):
     billing_free_flow_platform_per_second: float = Field(default=20, gt=0)
     billing_free_flow_platform_burst: int = Field(default=100, ge=1)
     billing_deploy_allowlist: list[str] = Field(default_factory=list)
+    # Benchmark only (bench/relay.py --unbilled): every relay free and unaccounted. Never on a real host.
+    bench_unbilled: bool = False
     native_auth_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Webhooks (docs/webhooks.md). `webhook_local_receiver_cidrs` is for tests and localnet ONLY: it lets
     # webhooks reach addresses in these networks, over plain http and any port. Empty (the default) means
