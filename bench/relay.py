@@ -252,7 +252,8 @@ def summarize(label: str, elapsed: float, results: list[dict[str, Any]]) -> dict
     }
 
 
-async def run(args: argparse.Namespace, data_dir: Path) -> None:
+async def run(args: argparse.Namespace, data_dir: Path, *, unbilled: bool = False) -> dict[str, Any]:
+    """One full run (max, then paced at 50%); `unbilled` serves the API with billing off (bench_unbilled)."""
     gw_port, api_port = free_port(), free_port()
     gateway, api = f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{api_port}"
     py = sys.executable
@@ -297,6 +298,7 @@ async def run(args: argparse.Namespace, data_dir: Path) -> None:
                 "GASLESS_DATA_DIR": str(data_dir),
                 "GASLESS_CONTRACT_ADDRESS": info["contract"],
                 "GASLESS_RELAYER_KEY_FILES": json.dumps(relayer_pems),
+                "GASLESS_BENCH_UNBILLED": "true" if unbilled else "false",
             }
             profile = ["-m", "cProfile", "-o", args.profile_api] if args.profile_api else []
             api_proc = subprocess.Popen(
@@ -333,8 +335,10 @@ async def run(args: argparse.Namespace, data_dir: Path) -> None:
     relayer = UserPEM.from_file(Path(relayer_pems[0])).secret_key
     floor_rate = floor(args.floor_count, relayer)
 
+    mode = "unbilled" if unbilled else "billed"
     table = Table(
-        title=f"bench/relay.py: {args.senders} senders x {args.per_sender} relays, concurrency {args.concurrency}"
+        title=f"bench/relay.py ({mode}): {args.senders} senders x {args.per_sender} relays, "
+        f"concurrency {args.concurrency}"
     )
     for col in (
         "run",
@@ -362,7 +366,9 @@ async def run(args: argparse.Namespace, data_dir: Path) -> None:
         f"service / floor = {top['relays_per_s'] / floor_rate:.1%} (target >= 25%); "
         f"acceptToCosign p99 at 50% load = {paced['accept_p99']:.1f} ms (target <= 10 ms)"
     )
-    print(json.dumps({"max": top, "paced": paced, "floor_per_s": floor_rate}))
+    result = {"mode": mode, "max": top, "paced": paced, "floor_per_s": floor_rate}
+    print(json.dumps(result))
+    return result
 
 
 def main() -> int:
@@ -378,10 +384,34 @@ def main() -> int:
     parser.add_argument("--floor-count", type=int, default=3000)
     parser.add_argument("--profile-api", default="", help="write a cProfile of the API process to this file")
     parser.add_argument("--profile-localnet", default="", help="write a cProfile of the localnet process")
+    parser.add_argument(
+        "--unbilled",
+        action="store_true",
+        help="also run with billing off (setting bench_unbilled) and print the p50 acceptToCosign difference",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        asyncio.run(run(args, Path(tmp)))
+        billed = asyncio.run(run(args, Path(tmp)))
+    if args.unbilled:
+        with tempfile.TemporaryDirectory() as tmp:
+            unbilled = asyncio.run(run(args, Path(tmp), unbilled=True))
+        compare_billing(billed, unbilled)
     return 0
+
+
+def compare_billing(billed: dict[str, Any], unbilled: dict[str, Any]) -> None:
+    """What billing adds to acceptToCosign p50 (target <= 1 ms), at max load and at 50% load."""
+    table = Table(title="billing cost: acceptToCosign p50 ms")
+    for col in ("run", "billed", "unbilled", "billing adds"):
+        table.add_column(col)
+    added = {}
+    for run_name in ("max", "paced"):
+        with_billing, without = billed[run_name]["accept_p50"], unbilled[run_name]["accept_p50"]
+        added[run_name] = with_billing - without
+        table.add_row(run_name, f"{with_billing:.2f}", f"{without:.2f}", f"{added[run_name]:+.2f}")
+    console.print(table)
+    console.print(f"billing adds {added['paced']:+.2f} ms to acceptToCosign p50 at 50% load (target <= 1 ms)")
+    print(json.dumps({"billingAddsP50Ms": added}))
 
 
 if __name__ == "__main__":

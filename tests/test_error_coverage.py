@@ -15,10 +15,6 @@ from gasless.errors import CATALOGUE
 TESTS = Path(__file__).parent
 
 NOT_YET_REACHABLE = {
-    # Billing issue: rate classes, plans, credits, pay-as-you-go, free flow, sponsor-key policy.
-    "FREE_FLOW_BUSY": "billing",
-    "FREE_FLOW_BARRED": "billing",
-    "FREE_FLOW_UNAVAILABLE": "billing",
     # Pricing, purchase builders and x402.
     "SWAP_VENUE_PAUSED": "purchases",
     "PRICE_ABOVE_MAX": "purchases",

@@ -26,6 +26,7 @@ from gasless.auth.roles import AccountRoles
 from gasless.billing.entitlement import AdmissionPolicy, BillingEntitlement
 from gasless.billing.gate import BillingGate, FreeFlowLimits
 from gasless.billing.limiter import AccountLimiter, PlatformBudget
+from gasless.billing.unbilled import UnbilledEntitlement
 from gasless.body_limit import BodyLimitMiddleware
 from gasless.chain.gateway import GatewayClient
 from gasless.chain.network import NetworkView
@@ -36,7 +37,7 @@ from gasless.idempotency import IdempotencyStore
 from gasless.keys import routes as key_routes
 from gasless.keys.repository import ApiKeyRepository
 from gasless.keys.service import ApiKeyService
-from gasless.limits import RouteLimiter, RouteLimitTable, local_route_limiter
+from gasless.limits import Rate, RouteLimiter, RouteLimitTable, local_route_limiter
 from gasless.limits_redis import redis_backends, redis_namespace
 from gasless.logs import quiet_sdk_loggers
 from gasless.metrics import HostCollector, MeteredIntentBus, MetricsMiddleware
@@ -147,8 +148,19 @@ async def _start_relay_core(
                 settings.billing_platform_ru_per_second, settings.billing_platform_ru_burst
             ),
         ),
-        free_flow=FreeFlowLimits(platform_per_day=settings.billing_free_flow_platform_per_day),
+        free_flow=FreeFlowLimits(
+            per_day=settings.billing_free_flow_per_day,
+            per_30_days=settings.billing_free_flow_per_30_days,
+            platform_per_day=settings.billing_free_flow_platform_per_day,
+            platform_rate=Rate(
+                settings.billing_free_flow_platform_per_second, settings.billing_free_flow_platform_burst
+            ),
+        ),
     )
+    gate: BillingGate | None = billing
+    if settings.bench_unbilled:  # bench/relay.py --unbilled only: the relay path without billing
+        entitlement, gate = UnbilledEntitlement(), None
+        log.warning("billing disabled (bench_unbilled): every relay is free and unaccounted")
     native_auth = NativeAuthVerifier(network.blocks, accepted_origins=settings.effective_native_auth_origins)
     assign = AssignService(
         chain_id=settings.network.chain_id,
@@ -180,7 +192,7 @@ async def _start_relay_core(
         broadcaster=broadcaster,
         tracker=tracker,
         assign=assign,
-        billing=billing,
+        billing=gate,
     )
     state.repo, state.bus, state.broadcaster, state.tracker = repo, bus, broadcaster, tracker
     recovered = await tracker.recover()

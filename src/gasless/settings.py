@@ -133,7 +133,15 @@ class Settings(BaseSettings):
     billing_platform_ru_per_second: float = Field(default=2_000, gt=0)
     billing_platform_ru_burst: int = Field(default=6_000, ge=25)
     billing_free_flow_platform_per_day: int = Field(default=50_000, ge=0)
+    # The free-flow limits (spec: 10 per 24 h and 30 per 30 days per account; platform 20/s, burst 100);
+    # settable so tests and operators can reach or tighten them.
+    billing_free_flow_per_day: int = Field(default=10, ge=0)
+    billing_free_flow_per_30_days: int = Field(default=30, ge=0)
+    billing_free_flow_platform_per_second: float = Field(default=20, gt=0)
+    billing_free_flow_platform_burst: int = Field(default=100, ge=1)
     billing_deploy_allowlist: list[str] = Field(default_factory=list)
+    # Benchmark only (bench/relay.py --unbilled): every relay free and unaccounted. Never on a real host.
+    bench_unbilled: bool = False
     native_auth_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Webhooks (docs/webhooks.md). `webhook_local_receiver_cidrs` is for tests and localnet ONLY: it lets
     # webhooks reach addresses in these networks, over plain http and any port. Empty (the default) means
