@@ -181,8 +181,12 @@ class ContractMirror:
     async def account(self, address: str) -> Any | None:
         """The contract's account view of `address`, or None when it has no account."""
         pubkey = parse_address(address).get_public_key()
+        # A found account is kept 5 s, "no account" 1 s; the event mirror forgets an account as soon as a
+        # final event names it (purchases, flags, suspension), so the TTL only bounds a missed event.
         views = await self._cache.get(
-            ("getAccount", address), lambda: self._view("getAccount", [pubkey]), ttl_ms=1_000
+            ("getAccount", address),
+            lambda: self._view("getAccount", [pubkey]),
+            ttl_ms=lambda found: 1_000 if found[0] is None else 5_000,
         )
         return views[0]
 
@@ -207,7 +211,7 @@ class ContractMirror:
         pubkey = parse_address(sender).get_public_key()
 
         async def load() -> tuple[str, str] | None:
-            own = (await self._view("getAccount", [pubkey]))[0]
+            own = await self.account(sender)  # shares the account view the decision reads next
             if own is not None:
                 return sender, "own"
             account = (await self._view("getAccountOfSender", [pubkey]))[0]
