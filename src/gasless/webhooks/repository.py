@@ -109,6 +109,13 @@ class WebhookRepository:
             row = (await conn.execute(select(webhooks).where(webhooks.c.webhook_id == webhook_id))).first()
         return _webhook(row)
 
+    async def accounts_with_webhooks(self, env: str) -> list[str]:
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(select(webhooks.c.account).where(webhooks.c.env == env).distinct())
+            ).all()
+        return [str(row[0]) for row in rows]
+
     async def list_for(self, account: str, env: str) -> list[WebhookRow]:
         async with self.engine.connect() as conn:
             rows = (

@@ -96,6 +96,9 @@ def url_not_allowed(exc: UrlRefused) -> ApiError:
     )
 
 
+ACCOUNTS_REFRESH_S = 1.0
+
+
 class WebhookService:
     def __init__(
         self,
@@ -117,6 +120,22 @@ class WebhookService:
         self.max_webhooks = max_webhooks
         self.clock = clock  # Unix ms; tests inject one to step through the rotation overlap
         self.wake = asyncio.Event()  # set when deliveries were queued: the worker looks at once
+        # Accounts that have any webhook, re-read at most every ACCOUNTS_REFRESH_S (and at once after a
+        # change on this host): most intents belong to accounts without webhooks, and asking the database
+        # per intent change cost more than the relay's own writes. A webhook registered on the other host
+        # sees events from at most ACCOUNTS_REFRESH_S later.
+        self._accounts: frozenset[str] = frozenset()
+        self._accounts_until = 0.0
+
+    async def _has_webhooks(self, account: str) -> bool:
+        now = time.monotonic()
+        if now >= self._accounts_until:
+            self._accounts = frozenset(await self.repo.accounts_with_webhooks(self.env))
+            self._accounts_until = now + ACCOUNTS_REFRESH_S
+        return account in self._accounts
+
+    def _accounts_changed(self) -> None:
+        self._accounts_until = 0.0
 
     # Secrets ----------------------------------------------------------------------------------------
     def _seal(self, webhook_id: str, secret: str) -> str:
@@ -158,6 +177,7 @@ class WebhookService:
         }
         try:
             row = await self.repo.insert(values, max_per_account=self.max_webhooks)
+            self._accounts_changed()
         except WebhooksFull:
             raise ApiError(
                 "LIMIT_REACHED",
@@ -193,11 +213,13 @@ class WebhookService:
                 raise url_not_allowed(exc) from None
         changes["updated_at_ms"] = self.clock()
         row = await self.repo.update(webhook_id, account, self.env, changes)
+        self._accounts_changed()
         if row is None:
             raise ApiError("NOT_FOUND", detail=f"account {account} has no webhook {webhook_id[:32]!r}")
         return to_webhook(row)
 
     async def delete(self, account: str, webhook_id: str) -> None:
+        self._accounts_changed()
         if len(webhook_id) > 32 or not await self.repo.delete(webhook_id, account, self.env):
             raise ApiError("NOT_FOUND", detail=f"account {account} has no webhook {webhook_id[:32]!r}")
 
@@ -294,6 +316,8 @@ class WebhookService:
         intent's hash and change sequence, so recording the same change twice queues it once."""
         event_type = INTENT_EVENTS.get(state)
         if event_type is None:
+            return 0
+        if not await self._has_webhooks(account):
             return 0
         targets = await self.repo.subscribed(account, self.env, event_type)
         if not targets:
