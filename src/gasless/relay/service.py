@@ -20,7 +20,6 @@ from multiversx_sdk import Transaction
 from gasless.billing.gate import BillingGate
 from gasless.chain.addresses import shard_of_pubkey
 from gasless.chain.codec import tx_hash, tx_to_wire, verify_ed25519
-from gasless.chain.gas import is_guarded
 from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
 from gasless.errors import ApiError
@@ -32,7 +31,6 @@ from gasless.relay.checks import (
     contract_in_other_shard,
     first_failure,
     first_or_raise,
-    gas_price_of,
     identify,
     parse_json_body,
     parse_relay_body,
@@ -46,12 +44,12 @@ from gasless.relay.relayers import RelayerPool
 from gasless.relay.repository import CommitConflict, IntentRepository, Rec, SenderView
 from gasless.relay.schemas import BillingInfo, RelayResponse, ValidateResponse
 from gasless.relay.simulation import simulate_or_refuse
+from gasless.relay.state_checks import state_checks
 from gasless.signer import Signer, SignerError, sign_with_deadline
 
 log = structlog.get_logger("gasless.relay")
 
 ACK_WAIT_MS = 800
-MAX_IN_FLIGHT = 64
 KEY_TTL_MS = 86_400_000
 
 
@@ -317,131 +315,9 @@ class RelayService:
     def _state_checks(
         self, parsed: ParsedRelay, lease: Lease, view: SenderView, state: ChainState
     ) -> list[Callable[[], Any]]:
-        tx = parsed.tx
-        nonce = tx.nonce
-        round_ms = self.network.params.round_duration_ms
-        ours_at_nonce = [r for r in view.at_nonce if r.state in ("COSIGNED", "BROADCAST")]
-        executed_at_nonce = [r for r in view.at_nonce if r.state in ("EXECUTED", "FINALIZED")]
-        replacing = lease.kind == "cancel" and lease.pinNonce == nonce
-        result: dict[str, int] = {"slot_seq": max((int(r.slot_seq) for r in view.at_nonce), default=-1) + 1}
-
-        def guardian() -> ApiError | None:
-            guarded_tx = is_guarded(tx)
-            if state.guarded and not guarded_tx:
-                return ApiError(
-                    "GUARDIAN_REQUIRED", detail="the sender is guarded; the transaction must be co-signed"
-                )
-            if guarded_tx:
-                named = (
-                    tx.guardian.to_bech32()
-                    if tx.guardian is not None and not tx.guardian.is_empty()
-                    else None
-                )
-                if not state.guarded or named != state.active_guardian:
-                    return ApiError(
-                        "GUARDIAN_MISMATCH", detail="the guardian is not the sender's active guardian"
-                    )
-                assert tx.guardian is not None
-                if not verify_ed25519(
-                    tx.guardian.get_public_key(), parsed.signing_bytes, tx.guardian_signature
-                ):
-                    return ApiError(
-                        "GUARDIAN_SIGNATURE_INVALID", detail="the guardian signature does not verify"
-                    )
-            return None
-
-        def executed() -> ApiError | None:
-            if executed_at_nonce:
-                intent = intent_from_row(executed_at_nonce[0], round_ms)
-                return ApiError(
-                    "INTENT_ALREADY_EXECUTED",
-                    detail=f"nonce {nonce} already executed",
-                    details={"intent": {"txHash": intent.txHash, "id": intent.id, "state": intent.state}},
-                )
-            if nonce < state.nonce:
-                return ApiError(
-                    "NONCE_TOO_LOW",
-                    detail=f"nonce {nonce} is below the account nonce {state.nonce}",
-                    details={
-                        "onchainNonce": state.nonce,
-                        "poolLastNonce": state.pool_last_nonce,
-                        "expectedNonce": self._expected_nonce(state, view),
-                    },
-                )
-            return None
-
-        def slot() -> ApiError | None:
-            pooled = state.pooled_at(nonce)
-            our_hashes = {r.tx_hash for r in view.at_nonce}
-            if ours_at_nonce:
-                occupier = max(ours_at_nonce, key=lambda r: int(r.gas_price))
-                if not replacing:
-                    return ApiError(
-                        "NONCE_IN_FLIGHT",
-                        detail=f"intent {occupier.tx_hash} holds nonce {nonce}; assign with cancel to replace it",
-                        details={
-                            "occupiedBy": {"id": f"{occupier.sender}:{nonce}", "txHash": occupier.tx_hash},
-                            "pinnedNonce": nonce,
-                        },
-                    )
-                if tx.gas_price <= int(occupier.gas_price):
-                    return self._underpriced(int(occupier.gas_price))
-                return None
-            if pooled is not None and pooled.get("hash") not in our_hashes:
-                pooled_price = gas_price_of(pooled)
-                if not replacing:
-                    return self.assign.resign_same_nonce(
-                        parsed.sender, parsed.sender_pubkey, parsed.sender_shard, nonce, pooled_price + 1
-                    )
-                if tx.gas_price <= pooled_price:
-                    return self._underpriced(pooled_price)
-            return None
-
-        def gap() -> ApiError | None:
-            expected = self._expected_nonce(state, view)
-            if nonce > expected:
-                return ApiError(
-                    "NONCE_GAP",
-                    detail=f"nonce {nonce} skips ahead; the next usable nonce is {expected}",
-                    details={"expectedNonce": expected, "onchainNonce": state.nonce},
-                )
-            return None
-
-        def balance() -> ApiError | None:
-            if tx.value > state.balance:
-                return ApiError(
-                    "INSUFFICIENT_SENDER_BALANCE", detail="the sender cannot cover the value moved"
-                )
-            return None
-
-        def in_flight() -> ApiError | None:
-            if not replacing and len(view.in_flight) >= MAX_IN_FLIGHT:
-                return ApiError(
-                    "TOO_MANY_IN_FLIGHT",
-                    detail=f"the sender has {MAX_IN_FLIGHT} unsettled intents",
-                    details={"retryAfterMs": round_ms},
-                )
-            return None
-
-        def done() -> int:
-            return result["slot_seq"]
-
-        return [guardian, executed, slot, gap, balance, in_flight, done]
-
-    def _underpriced(self, current: int) -> ApiError:
-        return ApiError(
-            "REPLACEMENT_UNDERPRICED",
-            detail=f"a replacement must pay more than the pooled gas price {current}",
-            details={"minGasPrice": current + 1},
+        return state_checks(
+            parsed, lease, view, state, round_ms=self.network.params.round_duration_ms, assign=self.assign
         )
-
-    def _expected_nonce(self, state: ChainState, view: SenderView) -> int:
-        candidates = [state.nonce]
-        if state.pool_last_nonce is not None:
-            candidates.append(state.pool_last_nonce + 1)
-        if view.highest_in_flight_nonce is not None:
-            candidates.append(view.highest_in_flight_nonce + 1)
-        return max(candidates)
 
     async def _entitle(self, tx: Transaction, sender: str, sponsor: Any | None) -> EntitlementDecision:
         try:
