@@ -27,3 +27,4 @@ unpaused_localnet = _auth.unpaused_localnet
 problem = _auth.problem
 auth = _auth.auth
 platform_problem = _auth.platform_problem
+auth_for = _auth.auth_for
