@@ -4,16 +4,14 @@ that makes real native-auth tokens, accounts with authorised senders, suspension
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
 import time
 import urllib.request
-from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from relay_kit import load_conftest
 
 from gasless.chain.addresses import address_of
 from gasless.client.actions import action_headers
@@ -21,19 +19,7 @@ from gasless.client.keys import UserKey
 from gasless.client.native_auth import make_native_auth_token
 from gasless.localnet.owner import owner_call
 
-
-def _load(name: str, path: Path) -> ModuleType:
-    module = sys.modules.get(name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-relay_env = _load("gasless_tests_relay_env", Path(__file__).resolve().parents[1] / "relay" / "conftest.py")
+relay_env = load_conftest("relay")
 env = relay_env.env
 make_env = relay_env.make_env
 unpaused_localnet = relay_env.unpaused_localnet

@@ -3,24 +3,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
+from relay_kit import load_conftest
 
-
-def _load(name: str, path: Path) -> ModuleType:
-    module = sys.modules.get(name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-_auth = _load("gasless_tests_auth_kit", Path(__file__).resolve().parents[1] / "auth" / "conftest.py")
+_auth = load_conftest("auth")
 env = _auth.env
 make_env = _auth.make_env
 unpaused_localnet = _auth.unpaused_localnet

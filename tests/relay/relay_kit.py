@@ -4,10 +4,13 @@ unlike `conftest`, no other directory shadows. `tests/relay/conftest.py` builds 
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -222,3 +225,20 @@ def wait_ready(client: TestClient, timeout: float = 20.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError(f"host not ready: {client.get('/readyz').json()}")
+
+
+TESTS_DIR = Path(__file__).resolve().parents[1]
+
+
+def load_conftest(directory: str) -> ModuleType:
+    """Another test directory's conftest as a module, executed once per session under one name, so its
+    fixtures can be offered by a sibling directory's conftest (`env = load_conftest("relay").env`)."""
+    name = f"gasless_tests_{directory}_conftest"
+    module = sys.modules.get(name)
+    if module is None:
+        spec = importlib.util.spec_from_file_location(name, TESTS_DIR / directory / "conftest.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return module

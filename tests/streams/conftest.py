@@ -4,37 +4,23 @@ kit (real native-auth tokens, accounts, keys), a real uvicorn server for open st
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx2 as httpx
 import pytest
 import uvicorn
+from relay_kit import load_conftest
 
 from gasless.app import create_app
 
-
-def _load(name: str, path: Path) -> ModuleType:
-    module = sys.modules.get(name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
-
-
 _tests = Path(__file__).resolve().parents[1]
-relay_env = _load("gasless_tests_relay_env", _tests / "relay" / "conftest.py")
-auth_env = _load("gasless_tests_auth_env", _tests / "auth" / "conftest.py")
+relay_env = load_conftest("relay")
+auth_env = load_conftest("auth")
 env = relay_env.env
 make_env = relay_env.make_env
 unpaused_localnet = relay_env.unpaused_localnet

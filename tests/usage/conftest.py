@@ -5,31 +5,17 @@ would write them, for listing and summary tests that need many exactly-known row
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import itertools
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
+from relay_kit import load_conftest
 from sqlalchemy import create_engine, delete, select
 
 from gasless.chain.addresses import shard_of
 from gasless.db import intents, settlement_batches, usage_ledger
 
-
-def _load(name: str, path: Path):  # type: ignore[no-untyped-def]
-    module = sys.modules.get(name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return module
-
-
-_auth = _load("gasless_tests_auth_kit", Path(__file__).resolve().parents[1] / "auth" / "conftest.py")
+_auth = load_conftest("auth")
 env = _auth.env
 make_env = _auth.make_env
 unpaused_localnet = _auth.unpaused_localnet
