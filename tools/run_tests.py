@@ -48,7 +48,9 @@ def main() -> int:
         env.pop("GASLESS_TEST_REDIS_URL", None)
         skipped.append("Redis suite SKIPPED: nothing answers on 127.0.0.1:6379")
 
-    lint = subprocess.call([sys.executable, "-m", "ruff", "check", "--quiet", "src", "tests", "bench", "tools"], cwd=ROOT)
+    lint = subprocess.call(
+        [sys.executable, "-m", "ruff", "check", "--quiet", "src", "tests", "bench", "tools"], cwd=ROOT
+    )
     if lint != 0:
         print("ruff check failed: fix the findings above (or run `.venv/bin/ruff check --fix`).", flush=True)
         return lint

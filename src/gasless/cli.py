@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,6 +29,9 @@ register_admin(app)  # gasless admin ..., gasless verify-proof
 
 def run_service(main: Coroutine[Any, Any, None]) -> None:
     """Long-running servers run on uvloop (uvicorn's standard loop) where it exists."""
+    # The database threads hand the GIL back and forth with the event loop many times per transaction;
+    # at the default 5 ms switch interval each hand-over can wait that long behind a busy loop.
+    sys.setswitchinterval(0.0005)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is not built for every platform

@@ -15,25 +15,23 @@ row; FINALIZED -> the row's `finalized_at_ms`.
 from __future__ import annotations
 
 from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import Connection, bindparam, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from gasless.db import account_period_usage, intents, reservations, usage_ledger
 from gasless.errors import ApiError
 
 
-def _insert(conn: AsyncConnection, table: Any) -> Any:
+def _insert(conn: Connection, table: Any) -> Any:
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     return dialect.insert(table)
 
 
-async def _take_plan_ru(
-    conn: AsyncConnection, account: str, period_id: int, ru: int, cap: int, now: int
-) -> bool:
-    taken = await conn.execute(
+def _take_plan_ru(conn: Connection, account: str, period_id: int, ru: int, cap: int, now: int) -> bool:
+    taken = conn.execute(
         update(account_period_usage)
         .where(
             account_period_usage.c.account == account,
@@ -46,7 +44,7 @@ async def _take_plan_ru(
         return True
     if ru > cap:
         return False
-    inserted = await conn.execute(
+    inserted = conn.execute(
         _insert(conn, account_period_usage)
         .values(account=account, period_id=period_id, ru_used=ru, updated_at_ms=now)
         .on_conflict_do_nothing()
@@ -54,7 +52,7 @@ async def _take_plan_ru(
     if inserted.rowcount == 1:
         return True
     # Another transaction created the row between the two statements: one more conditional UPDATE.
-    again = await conn.execute(
+    again = conn.execute(
         update(account_period_usage)
         .where(
             account_period_usage.c.account == account,
@@ -66,10 +64,10 @@ async def _take_plan_ru(
     return again.rowcount == 1
 
 
-async def _payg_outstanding(conn: AsyncConnection, account: str) -> int:
+def _payg_outstanding(conn: Connection, account: str) -> int:
     """Pay-as-you-go amounts reserved or settled and not yet given back (until settlement debits escrow)."""
     value = (
-        await conn.execute(
+        conn.execute(
             select(func.coalesce(func.sum(reservations.c.payg_micro), 0)).where(
                 reservations.c.account == account,
                 reservations.c.billing_class == "payg",
@@ -80,7 +78,7 @@ async def _payg_outstanding(conn: AsyncConnection, account: str) -> int:
     return int(value)
 
 
-async def reserve(conn: AsyncConnection, pk: int, values: MutableMapping[str, Any], now: int) -> None:
+def reserve(conn: Connection, pk: int, values: MutableMapping[str, Any], now: int) -> None:
     """Reserve for the intent `pk` (its `values["billing"]` is the entitlement decision's JSON). A plan that
     falls back to pay-as-you-go rewrites the stored billing (and `values["billing"]`)."""
     billing = values.get("billing")
@@ -93,7 +91,7 @@ async def reserve(conn: AsyncConnection, pk: int, values: MutableMapping[str, An
     payg_micro = 0
     if klass in ("plan", "sponsor") and period_id is not None:
         cap = int(billing.get("includedRu") or 0)
-        if not await _take_plan_ru(conn, account, int(period_id), ru, cap, now):
+        if not _take_plan_ru(conn, account, int(period_id), ru, cap, now):
             if billing.get("paygPriceMicro") is None:
                 raise ApiError(
                     "QUOTA_EXHAUSTED",
@@ -115,7 +113,7 @@ async def reserve(conn: AsyncConnection, pk: int, values: MutableMapping[str, An
             )
         payg_micro = ru * int(price)
         available = int(billing.get("paygCapMicro") or 0)
-        if await _payg_outstanding(conn, account) + payg_micro > available:
+        if _payg_outstanding(conn, account) + payg_micro > available:
             raise ApiError(
                 "QUOTA_EXHAUSTED",
                 detail="the plan is spent and the pay-as-you-go escrow (or budget) does not cover this "
@@ -125,8 +123,8 @@ async def reserve(conn: AsyncConnection, pk: int, values: MutableMapping[str, An
     if klass != billing["billingClass"]:
         billing = {**billing, "billingClass": klass, "periodId": period_id, "free": False}
         values["billing"] = billing
-        await conn.execute(update(intents).where(intents.c.pk == pk).values(billing=billing))
-    await conn.execute(
+        conn.execute(update(intents).where(intents.c.pk == pk).values(billing=billing))
+    conn.execute(
         reservations.insert().values(
             intent_pk=pk,
             account=account,
@@ -140,6 +138,155 @@ async def reserve(conn: AsyncConnection, pk: int, values: MutableMapping[str, An
             updated_at_ms=now,
         )
     )
+
+
+@dataclass
+class _Claim:
+    """One intent of a batch: what it asks for and, once decided, its class and pay-as-you-go amount."""
+
+    pk: int
+    values: MutableMapping[str, Any]
+    billing: dict[str, Any]
+    klass: str
+    ru: int
+    period_id: int | None
+    payg_micro: int = 0
+    refusal: ApiError | None = field(default=None)
+
+
+def _plan_cap_spent(account: str, period_id: int, cap: int) -> ApiError:
+    return ApiError(
+        "QUOTA_EXHAUSTED",
+        detail=f"the plan's {cap} RU for this period are used up; buy more or enable pay-as-you-go",
+        details={"reason": "PLAN_CAP", "account": account, "periodId": period_id, "includedRu": cap},
+    )
+
+
+def reserve_many(
+    conn: Connection, items: Sequence[tuple[int, MutableMapping[str, Any]]]
+) -> dict[int, ApiError]:
+    """`reserve` for a group-committed batch, with the same decisions taken in the batch's order, in a
+    fixed number of statements whatever the batch size. Returns the refused intents (pk -> problem); the
+    caller removes them from the transaction. Plan usage rows are read under the write lock (SQLite) or
+    `FOR UPDATE` (PostgreSQL), so racing batches on any host never overspend a plan either."""
+    claims: list[_Claim] = []
+    for pk, values in items:
+        billing = values.get("billing")
+        if not isinstance(billing, dict) or billing.get("account") is None or "ru" not in billing:
+            continue
+        period = billing.get("periodId")
+        claims.append(
+            _Claim(
+                pk=pk,
+                values=values,
+                billing=billing,
+                klass=str(billing["billingClass"]),
+                ru=int(billing["ru"]),
+                period_id=int(period) if period is not None else None,
+            )
+        )
+    if not claims:
+        return {}
+    now = max(int(c.values["cosigned_at_ms"]) for c in claims)
+    plan = [c for c in claims if c.klass in ("plan", "sponsor") and c.period_id is not None]
+    if plan:
+        keys = sorted({(str(c.billing["account"]), int(c.period_id or 0)) for c in plan})
+        conn.execute(
+            _insert(conn, account_period_usage).on_conflict_do_nothing(),
+            [{"account": a, "period_id": p, "ru_used": 0, "updated_at_ms": now} for a, p in keys],
+        )
+        query = select(
+            account_period_usage.c.account, account_period_usage.c.period_id, account_period_usage.c.ru_used
+        ).where(tuple_(account_period_usage.c.account, account_period_usage.c.period_id).in_(keys))
+        if conn.dialect.name == "postgresql":
+            query = query.with_for_update()
+        used = {(r.account, int(r.period_id)): int(r.ru_used) for r in (conn.execute(query)).all()}
+        before = dict(used)
+        for claim in plan:
+            key = (str(claim.billing["account"]), int(claim.period_id or 0))
+            cap = int(claim.billing.get("includedRu") or 0)
+            if used[key] + claim.ru <= cap:
+                used[key] += claim.ru
+            elif claim.billing.get("paygPriceMicro") is None:
+                claim.refusal = _plan_cap_spent(key[0], key[1], cap)
+            else:
+                claim.klass, claim.period_id = "payg", None
+        changed = [{"a": a, "p": p, "used": v} for (a, p), v in used.items() if v != before[(a, p)]]
+        if changed:
+            conn.execute(_SET_PERIOD_USAGE, [{**c, "now": now} for c in changed])
+    payg = [c for c in claims if c.klass == "payg" and c.refusal is None]
+    if payg:
+        accounts = sorted({str(c.billing["account"]) for c in payg})
+        rows = conn.execute(
+            select(reservations.c.account, func.coalesce(func.sum(reservations.c.payg_micro), 0))
+            .where(
+                reservations.c.account.in_(accounts),
+                reservations.c.billing_class == "payg",
+                reservations.c.state != "released",
+            )
+            .group_by(reservations.c.account)
+        )
+        outstanding = {account: 0 for account in accounts}
+        outstanding.update({r[0]: int(r[1]) for r in rows.all()})
+        for claim in payg:
+            account = str(claim.billing["account"])
+            price = claim.billing.get("paygPriceMicro")
+            if price is None:
+                claim.refusal = ApiError(
+                    "QUOTA_EXHAUSTED", detail="pay-as-you-go cannot pay", details={"reason": "PAYG_OFF"}
+                )
+                continue
+            claim.payg_micro = claim.ru * int(price)
+            if outstanding[account] + claim.payg_micro > int(claim.billing.get("paygCapMicro") or 0):
+                claim.refusal = ApiError(
+                    "QUOTA_EXHAUSTED",
+                    detail="the plan is spent and the pay-as-you-go escrow (or budget) does not cover this "
+                    "transaction; top up the escrow",
+                    details={"reason": "PAYG_ESCROW", "account": account},
+                )
+                continue
+            outstanding[account] += claim.payg_micro
+    held = [c for c in claims if c.refusal is None]
+    for claim in held:
+        if claim.klass != claim.billing["billingClass"]:
+            billing = {
+                **claim.billing,
+                "billingClass": claim.klass,
+                "periodId": claim.period_id,
+                "free": False,
+            }
+            claim.values["billing"] = billing
+            conn.execute(update(intents).where(intents.c.pk == claim.pk).values(billing=billing))
+    if held:
+        conn.execute(
+            reservations.insert(),
+            [
+                {
+                    "intent_pk": c.pk,
+                    "account": str(c.billing["account"]),
+                    "billing_class": c.klass,
+                    "ru": c.ru,
+                    "payg_micro": c.payg_micro,
+                    "period_id": c.period_id if c.klass != "payg" else None,
+                    "api_key_id": c.billing.get("apiKeyId"),
+                    "state": "reserved",
+                    "created_at_ms": int(c.values["cosigned_at_ms"]),
+                    "updated_at_ms": int(c.values["cosigned_at_ms"]),
+                }
+                for c in held
+            ],
+        )
+    return {c.pk: c.refusal for c in claims if c.refusal is not None}
+
+
+_SET_PERIOD_USAGE = (
+    update(account_period_usage)
+    .where(
+        account_period_usage.c.account == bindparam("a"),
+        account_period_usage.c.period_id == bindparam("p"),
+    )
+    .values(ru_used=bindparam("used"), updated_at_ms=bindparam("now"))
+)
 
 
 def _ledger_values(row: Any, reservation: Any | None, now: int) -> dict[str, Any]:
@@ -178,65 +325,68 @@ def _ledger_values(row: Any, reservation: Any | None, now: int) -> dict[str, Any
     }
 
 
-async def settle(conn: AsyncConnection, changed: Sequence[Any], now: int) -> None:
-    """Settle the reservations of the intents a tracker round moved (same transaction as the moves)."""
+def settle(conn: Connection, changed: Sequence[Any], now: int) -> None:
+    """Settle the reservations of the intents a tracker round moved (same transaction as the moves), in a
+    fixed number of statements whatever the round's size."""
     executed = [r for r in changed if r.state == "EXECUTED"]
     dead = [r for r in changed if r.state == "DEAD"]
     final = [r for r in changed if r.state == "FINALIZED"]
     pks = [int(r.pk) for r in executed + dead]
     held: dict[int, Any] = {}
     if pks:
-        rows = (
-            await conn.execute(
-                select(reservations).where(
-                    reservations.c.intent_pk.in_(pks), reservations.c.state == "reserved"
-                )
+        rows = (conn.execute(_HELD, {"pks": pks})).all()
+        held = {int(r.intent_pk): r for r in rows}
+    settled = [int(r.pk) for r in executed if int(r.pk) in held]
+    if settled:
+        conn.execute(_MOVE_RESERVED, {"pks": settled, "state": "settled", "now": now})
+    releasing = [int(r.pk) for r in dead if int(r.pk) in held]
+    if releasing:
+        released = (
+            conn.execute(
+                _MOVE_RESERVED.returning(reservations.c.intent_pk),
+                {"pks": releasing, "state": "released", "now": now},
             )
         ).all()
-        held = {int(r.intent_pk): r for r in rows}
-    for row in executed:
-        reservation = held.get(int(row.pk))
-        if reservation is not None:
-            await conn.execute(
-                update(reservations)
-                .where(reservations.c.intent_pk == int(row.pk), reservations.c.state == "reserved")
-                .values(state="settled", updated_at_ms=now)
-            )
-        await _write_row(conn, _ledger_values(row, reservation, now))
-    for row in dead:
-        reservation = held.get(int(row.pk))
-        if reservation is not None:
-            released = await conn.execute(
-                update(reservations)
-                .where(reservations.c.intent_pk == int(row.pk), reservations.c.state == "reserved")
-                .values(state="released", updated_at_ms=now)
-            )
-            if released.rowcount == 1 and reservation.period_id is not None:
-                await conn.execute(
-                    update(account_period_usage)
-                    .where(
-                        account_period_usage.c.account == reservation.account,
-                        account_period_usage.c.period_id == reservation.period_id,
-                    )
-                    .values(
-                        ru_used=func.max(account_period_usage.c.ru_used - int(reservation.ru), 0)
-                        if conn.dialect.name == "sqlite"
-                        else func.greatest(account_period_usage.c.ru_used - int(reservation.ru), 0),
-                        updated_at_ms=now,
-                    )
-                )
-        await _write_row(conn, _ledger_values(row, None, now))
-    if final:
-        for row in final:
-            await conn.execute(
-                update(usage_ledger)
+        # A released plan reservation gives its RU back to the period (never below zero).
+        give_back: dict[tuple[str, int], int] = {}
+        for (pk,) in released:
+            reservation = held[int(pk)]
+            if reservation.period_id is not None:
+                key = (str(reservation.account), int(reservation.period_id))
+                give_back[key] = give_back.get(key, 0) + int(reservation.ru)
+        if give_back:
+            floor = func.max if conn.dialect.name == "sqlite" else func.greatest
+            conn.execute(
+                update(account_period_usage)
                 .where(
-                    and_(usage_ledger.c.intent_pk == int(row.pk), usage_ledger.c.finalized_at_ms.is_(None))
+                    account_period_usage.c.account == bindparam("a"),
+                    account_period_usage.c.period_id == bindparam("p"),
                 )
-                .values(finalized_at_ms=row.finalized_at_ms)
+                .values(
+                    ru_used=floor(account_period_usage.c.ru_used - bindparam("ru"), 0),
+                    updated_at_ms=bindparam("now"),
+                ),
+                [{"a": a, "p": p, "ru": ru, "now": now} for (a, p), ru in give_back.items()],
             )
+    ledger = [_ledger_values(row, held.get(int(row.pk)), now) for row in executed]
+    ledger += [_ledger_values(row, None, now) for row in dead]
+    if ledger:
+        # A row is written once per intent (another host's tracker may have written it first).
+        conn.execute(_insert(conn, usage_ledger).on_conflict_do_nothing(), ledger)
+    if final:
+        conn.execute(_FINALIZE_LEDGER, [{"pk": int(row.pk), "f": row.finalized_at_ms} for row in final])
 
 
-async def _write_row(conn: AsyncConnection, values: dict[str, Any]) -> None:
-    # A row is written once per intent (another host's tracker may have written it first).
-    await conn.execute(_insert(conn, usage_ledger).values(**values).on_conflict_do_nothing())
+_HELD = select(reservations).where(
+    reservations.c.intent_pk.in_(bindparam("pks", expanding=True)), reservations.c.state == "reserved"
+)
+_MOVE_RESERVED = (
+    update(reservations)
+    .where(reservations.c.intent_pk.in_(bindparam("pks", expanding=True)), reservations.c.state == "reserved")
+    .values(state=bindparam("state"), updated_at_ms=bindparam("now"))
+)
+_FINALIZE_LEDGER = (
+    update(usage_ledger)
+    .where(usage_ledger.c.intent_pk == bindparam("pk"), usage_ledger.c.finalized_at_ms.is_(None))
+    .values(finalized_at_ms=bindparam("f"))
+)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gasless.db.engine import begin_write, create_engine, dialect_insert, ping
+from gasless.db.engine import begin_write, create_engine, dialect_insert, ping, run_read, run_write
 from gasless.db.migrate import current_revision, downgrade, head_revision, is_up_to_date, upgrade
 from gasless.db.tables import (
     account_period_usage,
@@ -38,6 +38,8 @@ __all__ = [
     "is_up_to_date",
     "metadata",
     "ping",
+    "run_read",
+    "run_write",
     "intent_keys",
     "intents",
     "rejections",

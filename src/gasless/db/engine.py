@@ -5,11 +5,15 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -20,6 +24,8 @@ BEGIN_MODE_OPTION = "gasless_sqlite_begin"
 PRE_BEGIN_OPTION = "gasless_sqlite_pre_begin"
 
 Bind = AsyncEngine | AsyncConnection | Engine | Connection
+T = TypeVar("T")
+SQLITE_READ_THREADS = 4
 
 
 def create_engine(url: str, *, connect_timeout: float = 10.0, echo: bool = False) -> AsyncEngine:
@@ -106,6 +112,107 @@ async def begin_write(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
         conn = await conn.execution_options(**{BEGIN_MODE_OPTION: "IMMEDIATE"})
         async with conn.begin():
             yield conn
+
+
+# One hop per unit of work ------------------------------------------------------------------------------
+# Through aiosqlite every statement costs four round trips between the event loop and the connection's
+# thread (cursor, execute, fetch, close), plus BEGIN and the rollback on return; under load each round trip
+# waits behind every ready task of the loop, so a write transaction held SQLite's lock for ~10 ms of mostly
+# waiting. The hot path's units of work are therefore written as plain functions of a sync Connection and
+# run whole: on SQLite in a thread (one hop; writes on one writer thread), on PostgreSQL through
+# `AsyncConnection.run_sync` (asyncpg is truly asynchronous; nothing to gain from a thread).
+
+
+@dataclass
+class _SqliteThreads:
+    engine: Engine
+    writer: ThreadPoolExecutor
+    readers: ThreadPoolExecutor
+
+    def close(self) -> None:
+        self.writer.shutdown(wait=False)
+        self.readers.shutdown(wait=False)
+        self.engine.dispose()
+
+
+_sqlite_threads: weakref.WeakKeyDictionary[Any, _SqliteThreads] = weakref.WeakKeyDictionary()
+
+
+def _threads(engine: AsyncEngine) -> _SqliteThreads:
+    side = _sqlite_threads.get(engine.sync_engine)
+    if side is None:
+        url = engine.url.set(drivername="sqlite+pysqlite")
+        sync = create_sync_engine(
+            url,
+            connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
+            pool_size=SQLITE_READ_THREADS + 1,
+            max_overflow=0,
+        )
+        event.listen(sync, "connect", _sqlite_on_connect)
+        event.listen(sync, "begin", _sqlite_on_begin)
+        side = _SqliteThreads(
+            engine=sync,
+            writer=ThreadPoolExecutor(1, thread_name_prefix="gasless-sqlite-writer"),
+            readers=ThreadPoolExecutor(SQLITE_READ_THREADS, thread_name_prefix="gasless-sqlite-reader"),
+        )
+        _sqlite_threads[engine.sync_engine] = side
+        # Disposing the async engine (shutdown, tests) releases the threads and their connections too.
+        event.listen(engine.sync_engine, "engine_disposed", lambda _engine: _close_threads(_engine))
+    return side
+
+
+def _close_threads(sync_engine: Any) -> None:
+    side = _sqlite_threads.pop(sync_engine, None)
+    if side is not None:
+        side.close()
+
+
+def _sync_write(engine: Engine, work: Callable[[Connection], T]) -> T:
+    with engine.connect() as conn:
+        conn = conn.execution_options(**{BEGIN_MODE_OPTION: "IMMEDIATE"})
+        with conn.begin():
+            return work(conn)
+
+
+def _sync_read(engine: Engine, work: Callable[[Connection], T]) -> T:
+    with engine.connect() as conn:
+        return work(conn)
+
+
+def _threaded(engine: AsyncEngine) -> bool:
+    # An in-memory database exists once per connection: a second engine would not see it.
+    database = engine.url.database or ""
+    return engine.dialect.name == "sqlite" and database not in ("", ":memory:") and "memory" not in database
+
+
+async def run_write(engine: AsyncEngine, work: Callable[[Connection], T]) -> T:
+    """`work(conn)` in one write transaction, committed when it returns (rolled back if it raises)."""
+    if not _threaded(engine):
+        if engine.dialect.name == "sqlite":
+            async with begin_write(engine) as conn:
+                return await conn.run_sync(work)
+        async with engine.connect() as conn, conn.begin():
+            return await conn.run_sync(work)
+    side = _threads(engine)
+    async with _writer_lock(engine):
+        job = asyncio.get_running_loop().run_in_executor(side.writer, partial(_sync_write, side.engine, work))
+        try:
+            return await asyncio.shield(job)
+        except asyncio.CancelledError:
+            # Keep the lock until the transaction is over, so the next writer never meets SQLITE_BUSY.
+            await asyncio.wait([job])
+            raise
+
+
+async def run_read(engine: AsyncEngine, work: Callable[[Connection], T]) -> T:
+    """`work(conn)` on a read connection (it must fetch what it needs before returning)."""
+    if not _threaded(engine):
+        async with engine.connect() as conn:
+            return await conn.run_sync(work)
+    side = _threads(engine)
+    return await asyncio.get_running_loop().run_in_executor(
+        side.readers, partial(_sync_read, side.engine, work)
+    )
 
 
 async def ping(engine: AsyncEngine, timeout: float = 2.0) -> bool:

@@ -108,6 +108,8 @@ class OrphanAdopter(Worker):
         if gone - self.repo.adopted:
             log.info("adopting in-flight intents of hosts that are gone", hosts=sorted(gone))
         elif self.repo.adopted - gone:
-            log.info("adopted intents settled or their hosts came back", hosts=sorted(self.repo.adopted - gone))
+            log.info(
+                "adopted intents settled or their hosts came back", hosts=sorted(self.repo.adopted - gone)
+            )
         self.repo.adopted = gone
         return gone

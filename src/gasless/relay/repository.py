@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, case, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, Connection, and_, bindparam, case, delete, func, or_, select, update
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gasless.billing.reservations import reserve, settle
-from gasless.db import begin_write, intent_keys, intents, rejections
+from gasless.billing.reservations import reserve, reserve_many, settle
+from gasless.db import begin_write, dialect_insert, intent_keys, intents, rejections, run_read, run_write
+from gasless.errors import ApiError
 
 IN_FLIGHT = ("COSIGNED", "BROADCAST", "EXECUTED")
+MAX_COMMIT_BATCH = 128  # commit points written together at most (one transaction, a few statements)
 UNSETTLED = ("COSIGNED", "BROADCAST")
 
 
@@ -70,39 +73,121 @@ class IntentRepository:
             )
         )
         self._insert_intent = intents.insert().returning(intents.c.pk)
+        self._insert_intents = (
+            dialect_insert(engine)(intents)
+            .on_conflict_do_nothing()
+            .returning(intents.c.pk, intents.c.tx_hash)
+        )
+        self._delete_intents = delete(intents).where(intents.c.pk.in_(bindparam("pks", expanding=True)))
+        # Group commit: commit points waiting for the writer, and the writer task itself.
+        self._waiting: list[tuple[MutableMapping[str, Any], asyncio.Future[int]]] = []
+        self._writer: asyncio.Task[None] | None = None
 
     async def sender_view(self, sender: str, nonce: int, key: str | None, now_ms: int) -> SenderView:
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(self._sender_rows, {"sender": sender, "nonce": nonce})).all()
+        def read(conn: Connection) -> tuple[list[Rec], Rec | None]:
+            rows = conn.execute(self._sender_rows, {"sender": sender, "nonce": nonce}).all()
             key_row = None
             if key is not None:
-                key_row = (
-                    await conn.execute(self._key_row, {"sender": sender, "key": key, "now_ms": now_ms})
+                key_row = conn.execute(
+                    self._key_row, {"sender": sender, "key": key, "now_ms": now_ms}
                 ).first()
-        records = recs(rows)
+            return recs(rows), rec(key_row)
+
+        records, key_record = await run_read(self.engine, read)
         return SenderView(
             at_nonce=[r for r in records if r.nonce == nonce],
             in_flight=[r for r in records if r.state in IN_FLIGHT],
-            key_row=rec(key_row),
+            key_row=key_record,
         )
 
-    async def commit(self, values: Mapping[str, Any], key: str | None, key_ttl_ms: int) -> int:
-        """The commit point: the intent (COSIGNED, with the relayer signature) and its key in one transaction."""
+    async def commit(self, values: MutableMapping[str, Any], key: str | None, key_ttl_ms: int) -> int:
+        """The commit point: the intent (COSIGNED, with the relayer signature), its key and its reservation,
+        durable before this returns. Keyless commit points that arrive while a write is under way are
+        group-committed by one writer: one transaction and a fixed number of statements for the whole
+        group, each intent's outcome (pk, CommitConflict, QUOTA_EXHAUSTED) exactly as if written alone."""
+        if key is not None:
+            return await self._commit_one(values, key, key_ttl_ms)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._waiting.append((values, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_waiting())
+        # Shielded: a caller that goes away does not undo a commit already under way.
+        return await asyncio.shield(future)
+
+    async def _write_waiting(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting[:MAX_COMMIT_BATCH], self._waiting[MAX_COMMIT_BATCH:]
+            if len(batch) == 1:
+                values, future = batch[0]
+                try:
+                    pk = await self._commit_one(values, None, 0)
+                except BaseException as exc:  # noqa: BLE001 - handed to the one waiting caller
+                    if not future.done():
+                        future.set_exception(exc)
+                else:
+                    future.set_result(pk)
+                continue
+            try:
+                outcomes = await self._commit_group([values for values, _ in batch])
+            except BaseException as exc:  # noqa: BLE001 - the group rolled back: every caller hears why
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            for (_, future), outcome in zip(batch, outcomes, strict=True):
+                if future.done():
+                    continue
+                if isinstance(outcome, BaseException):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+
+    async def _commit_group(self, group: list[MutableMapping[str, Any]]) -> list[int | BaseException]:
+        """Several keyless commit points in one transaction: one multi-row INSERT (a row that meets a
+        unique constraint is skipped: CommitConflict), the reservations in a fixed number of statements,
+        and a DELETE of the rows whose reservation was refused (their part of the transaction undone)."""
+
+        def write(conn: Connection) -> tuple[list[int | BaseException], dict[int, ApiError]]:
+            inserted = conn.execute(self._insert_intents, group).all()
+            pk_of = {str(tx_hash): int(pk) for pk, tx_hash in inserted}
+            outcomes: list[int | BaseException] = []
+            claimed: list[tuple[int, MutableMapping[str, Any]]] = []
+            for values in group:
+                pk = pk_of.pop(str(values["tx_hash"]), None)  # pop: the same bytes twice, one insert
+                if pk is None:
+                    outcomes.append(CommitConflict("another submission took the slot or the bytes first"))
+                else:
+                    outcomes.append(pk)
+                    claimed.append((pk, values))
+            refused = reserve_many(conn, claimed)
+            if refused:
+                conn.execute(self._delete_intents, {"pks": list(refused)})
+            return outcomes, refused
+
+        outcomes, refused = await run_write(self.engine, write)
+        return [
+            refused.get(outcome, outcome) if isinstance(outcome, int) else outcome for outcome in outcomes
+        ]
+
+    async def _commit_one(self, values: MutableMapping[str, Any], key: str | None, key_ttl_ms: int) -> int:
+        """One commit point in its own transaction (with the logical idempotency key, when given)."""
+
+        def write(conn: Connection) -> int:
+            pk = int(conn.execute(self._insert_intent, dict(values)).scalar_one())
+            if key is not None:
+                self._claim_key(conn, values["sender"], key, pk, values["cosigned_at_ms"], key_ttl_ms)
+            # Billing seam: the reservation joins the commit transaction (made once, with the intent). It
+            # may refuse (QUOTA_EXHAUSTED: the transaction rolls back) or rewrite `values["billing"]` (a
+            # plan whose cap is spent falling back to pay-as-you-go).
+            reserve(conn, pk, values, int(values["cosigned_at_ms"]))
+            return pk
+
         try:
-            async with begin_write(self.engine) as conn:
-                pk = (await conn.execute(self._insert_intent, dict(values))).scalar_one()
-                if key is not None:
-                    await self._claim_key(
-                        conn, values["sender"], key, pk, values["cosigned_at_ms"], key_ttl_ms
-                    )
-                await self._reserve(conn, pk, values)
+            return await run_write(self.engine, write)
         except IntegrityError as exc:
             raise CommitConflict(str(exc.orig)) from exc
-        return int(pk)
 
-    async def _claim_key(
-        self, conn: AsyncConnection, sender: str, key: str, pk: int, now_ms: int, ttl_ms: int
-    ) -> None:
+    def _claim_key(self, conn: Connection, sender: str, key: str, pk: int, now_ms: int, ttl_ms: int) -> None:
         # A key may be reused once its intent died or the key expired; otherwise the insert conflicts.
         dead_or_expired = (
             select(intent_keys.c.key)
@@ -113,20 +198,11 @@ class IntentRepository:
                 or_(intents.c.state == "DEAD", intent_keys.c.expires_at_ms <= now_ms),
             )
         )
-        if (await conn.execute(dead_or_expired)).first() is not None:
-            await conn.execute(
-                delete(intent_keys).where(intent_keys.c.sender == sender, intent_keys.c.key == key)
-            )
-        await conn.execute(
+        if conn.execute(dead_or_expired).first() is not None:
+            conn.execute(delete(intent_keys).where(intent_keys.c.sender == sender, intent_keys.c.key == key))
+        conn.execute(
             intent_keys.insert().values(sender=sender, key=key, intent_pk=pk, expires_at_ms=now_ms + ttl_ms)
         )
-
-    async def _reserve(self, conn: AsyncConnection, pk: int, values: Mapping[str, Any]) -> None:
-        """Billing seam: the reservation joins the commit transaction (made once, with the intent). It may
-        refuse (QUOTA_EXHAUSTED: the transaction rolls back) or rewrite `values["billing"]` (a plan whose
-        cap is spent falling back to pay-as-you-go)."""
-        assert isinstance(values, MutableMapping)
-        await reserve(conn, pk, values, int(values["cosigned_at_ms"]))
 
     async def by_hash(self, tx_hash: str) -> Rec | None:
         async with self.engine.connect() as conn:
@@ -240,25 +316,29 @@ class IntentRepository:
         changed: list[Rec] = []
         if not changes:
             return changed
-        async with begin_write(self.engine) as conn:
+
+        def write(conn: Connection) -> list[Rec]:
             for where, values in changes:
-                result = await conn.execute(
+                result = conn.execute(
                     update(intents)
                     .where(where)
                     .values(**values, seq=intents.c.seq + 1, updated_at_ms=now_ms)
                     .returning(*intents.c)
                 )
                 changed.extend(recs(result.all()))
-            await settle(conn, changed, now_ms)  # billing: in the same write as the moves
-        return changed
+            settle(conn, changed, now_ms)  # billing: in the same write as the moves
+            return changed
+
+        return await run_write(self.engine, write)
 
     async def record_acks(self, acks: Mapping[int, int]) -> tuple[list[Rec], list[int]]:
         """First acknowledgements (pk -> ack ms) in one write: co-signed rows become BROADCAST; rows already
         past COSIGNED only count the send. Returns the rows that became BROADCAST and the other pks."""
         pks = list(acks)
         at = case(acks, value=intents.c.pk)
-        async with begin_write(self.engine) as conn:
-            result = await conn.execute(
+
+        def write(conn: Connection) -> tuple[list[Rec], list[int]]:
+            result = conn.execute(
                 update(intents)
                 .where(intents.c.pk.in_(pks), intents.c.state == "COSIGNED")
                 .values(
@@ -275,12 +355,14 @@ class IntentRepository:
             done = {int(row.pk) for row in broadcast}
             others = [pk for pk in pks if pk not in done]
             if others:
-                await conn.execute(
+                conn.execute(
                     update(intents)
                     .where(intents.c.pk.in_(others))
                     .values(last_sent_at_ms=at, send_attempts=intents.c.send_attempts + 1)
                 )
-        return broadcast, others
+            return broadcast, others
+
+        return await run_write(self.engine, write)
 
     async def note_sent(self, pk: int, now_ms: int) -> None:
         async with begin_write(self.engine) as conn:

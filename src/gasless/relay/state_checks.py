@@ -44,21 +44,15 @@ def state_checks(
             )
         if guarded_tx:
             named = (
-                tx.guardian.to_bech32()
-                if tx.guardian is not None and not tx.guardian.is_empty()
-                else None
+                tx.guardian.to_bech32() if tx.guardian is not None and not tx.guardian.is_empty() else None
             )
             if not state.guarded or named != state.active_guardian:
                 return ApiError(
                     "GUARDIAN_MISMATCH", detail="the guardian is not the sender's active guardian"
                 )
             assert tx.guardian is not None
-            if not verify_ed25519(
-                tx.guardian.get_public_key(), parsed.signing_bytes, tx.guardian_signature
-            ):
-                return ApiError(
-                    "GUARDIAN_SIGNATURE_INVALID", detail="the guardian signature does not verify"
-                )
+            if not verify_ed25519(tx.guardian.get_public_key(), parsed.signing_bytes, tx.guardian_signature):
+                return ApiError("GUARDIAN_SIGNATURE_INVALID", detail="the guardian signature does not verify")
         return None
 
     def executed() -> ApiError | None:
@@ -120,9 +114,7 @@ def state_checks(
 
     def balance() -> ApiError | None:
         if tx.value > state.balance:
-            return ApiError(
-                "INSUFFICIENT_SENDER_BALANCE", detail="the sender cannot cover the value moved"
-            )
+            return ApiError("INSUFFICIENT_SENDER_BALANCE", detail="the sender cannot cover the value moved")
         return None
 
     def in_flight() -> ApiError | None:
@@ -139,12 +131,14 @@ def state_checks(
 
     return [guardian, executed, slot, gap, balance, in_flight, done]
 
+
 def underpriced(current: int) -> ApiError:
     return ApiError(
         "REPLACEMENT_UNDERPRICED",
         detail=f"a replacement must pay more than the pooled gas price {current}",
         details={"minGasPrice": current + 1},
     )
+
 
 def expected_nonce(state: ChainState, view: SenderView) -> int:
     candidates = [state.nonce]
