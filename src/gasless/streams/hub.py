@@ -102,6 +102,14 @@ class StreamHub:
         self._emit(account, topic, key, data, at_ms)
         self._open_window(window_key)
 
+    def deliver_everywhere(self, topic: str, key: str, data: dict[str, Any]) -> None:
+        """A change for every account of this host's streams (global events such as incidents: each host
+        finds them itself, so nothing goes through the fan-out). Accounts whose streams have closed get it
+        too, so a stream resumed with Last-Event-ID within the replay window does not miss it."""
+        at_ms = self.clock()
+        for account in list(self._accounts):
+            self.deliver(account, topic, key, data, at_ms)
+
     def _open_window(self, window_key: tuple[str, str, str]) -> None:
         loop = asyncio.get_running_loop()
         handle = loop.call_later(self.coalesce_ms / 1000, self._close_window, window_key)
