@@ -64,6 +64,11 @@ class IncidentWatch:
 
     # Life cycle ---------------------------------------------------------------------------------------
     async def start(self) -> None:
+        if self.publish is not None:
+            # What exists at start-up is not news (a new stream starts with `reset` anyway); when the
+            # database does not answer now, the first tick that reads it sets this baseline instead.
+            with contextlib.suppress(Exception):
+                self._published = await self._versions()
         self._task = asyncio.create_task(self._run(), name="incident-watch")
 
     async def stop(self) -> None:
@@ -110,15 +115,18 @@ class IncidentWatch:
         if self.metrics is not None:
             self.metrics.automatic_incidents.labels(self.kind.kind, change).inc()
 
+    async def _versions(self) -> dict[str, tuple[int, int]]:
+        rows = await self.service.repo.changed_since(self.service.now_ms() - PUBLISH_LOOKBACK_MS)
+        return {row.id: (row.updated_at_ms, row.update_count) for row in rows}
+
     async def _publish_changes(self) -> None:
         assert self.publish is not None
         rows = await self.service.repo.changed_since(self.service.now_ms() - PUBLISH_LOOKBACK_MS)
         versions = {row.id: (row.updated_at_ms, row.update_count) for row in rows}
-        first = self._published is None
-        previous = self._published or {}
+        previous = self._published
         self._published = versions  # a row changed again re-enters the window with a new version
-        if first:
-            return  # changes from before this host started are not news (a new stream starts with reset)
+        if previous is None:
+            return  # no baseline yet (the database did not answer at start-up)
         for row in rows:
             if previous.get(row.id) != versions[row.id]:
                 try:
