@@ -20,6 +20,7 @@ from gasless.incidents.repository import IncidentRepository
 from gasless.incidents.schemas import Incident
 from gasless.incidents.service import PLATFORM_ADMISSION, IncidentService
 from gasless.metrics import HostMetrics
+from gasless.streams.hub import StreamHub
 
 M = 1_000_000
 
@@ -281,3 +282,27 @@ def test_incident_changes_reach_account_streams(served: Any, sse: Any, admin_for
         assert frame["event"] == "incidents" and frame["data"]["data"] == updated
     finally:
         stream.close()
+
+
+async def test_incident_events_reach_streams_open_or_recently_closed() -> None:
+    """`StreamHub.deliver_everywhere`: accounts with a stream, or whose last stream ended within the replay
+    window (a resume must not miss it); never accounts that only had events of their own."""
+    now = [1_000_000]
+    hub = StreamHub(coalesce_ms=100, replay_ms=10_000, clock=lambda: now[0])
+    open_stream, _ = hub.subscribe("erd1open", frozenset({"incidents"}), None)
+    closed, _ = hub.subscribe("erd1closed", frozenset({"incidents"}), None)
+    hub.unsubscribe(closed)
+    long_gone, _ = hub.subscribe("erd1gone", frozenset({"incidents"}), None)
+    now[0] -= 20_000
+    hub.unsubscribe(long_gone)
+    now[0] += 20_000
+    hub.publish("erd1relayer", "intents", "x:1", {"state": "COSIGNED"})  # no stream ever
+
+    hub.deliver_everywhere("incidents", "inc_1", {"status": "investigating"})
+    event = open_stream.queue.get_nowait()
+    assert event is not None and event.topic == "incidents" and '"key":"inc_1"' in event.doc
+    assert [e.topic for e in hub.subscribe("erd1closed", frozenset({"incidents"}), 0)[1] or []] == [
+        "incidents"
+    ]
+    assert hub.head("erd1gone") == 0 and hub.head("erd1relayer") == 1
+    hub.close()
