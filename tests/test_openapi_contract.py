@@ -42,6 +42,8 @@ CACHED_READS = (
     "getAccount",
     "getQuota",
     "listAccountPurchases",
+    "listIncidents",
+    "getIncident",
 )
 # Names the spec's endpoint tables give to request and response shapes of the implemented operations.
 SPEC_SCHEMAS = {
@@ -60,6 +62,7 @@ SPEC_SCHEMAS = {
     "Account",
     "Quota",
     "UsageProof",
+    "Incident",
 }
 
 

@@ -34,6 +34,8 @@ from gasless.db import create_engine, ping, upgrade
 from gasless.db.leader import SingletonRunner
 from gasless.host import Health, HostState, gateway_answers, purpose_keys, redis_answers
 from gasless.idempotency import IdempotencyStore
+from gasless.incidents import routes as incident_routes
+from gasless.incidents.jobs import build_incidents
 from gasless.keys import routes as key_routes
 from gasless.keys.repository import ApiKeyRepository
 from gasless.keys.service import ApiKeyService
@@ -147,6 +149,7 @@ async def _start_relay_core(
             platform=PlatformBudget(
                 settings.billing_platform_ru_per_second, settings.billing_platform_ru_burst
             ),
+            on_platform_bind=state.note_platform_bind,  # raises the platform_admission incident
         ),
         free_flow=FreeFlowLimits(
             per_day=settings.billing_free_flow_per_day,
@@ -363,6 +366,10 @@ def create_app(
             state.streams = build_stream_service(settings, state.keys, state.redis, state.boot_epoch_ms)
             await state.streams.start()
             await _start_webhooks(state, settings)
+            state.incident_service, state.incident_watch = build_incidents(
+                state.engine, state.cursors, settings, state.metrics, state.streams
+            )
+            await state.incident_watch.start()
             # Serve at once (/readyz answers 503) while the relay core restores its state.
             startup = asyncio.create_task(
                 _start_relay_core(state, settings, signer_wrapper, entitlement_factory), name="startup"
@@ -374,12 +381,12 @@ def create_app(
                 with contextlib.suppress(BaseException):
                     await startup
             await _stop_relay_core(state)
-            if state.streams is not None:
-                await state.streams.stop()
-            for part in (state.webhook_recorder, state.webhook_dispatcher):
+            for part in (state.webhook_recorder, state.webhook_dispatcher, state.incident_watch):
                 if part is not None:
                     with contextlib.suppress(Exception):
                         await part.stop()
+            if state.streams is not None:
+                await state.streams.stop()
             await state.limits.close()
             if state.redis is not None:
                 await state.redis.aclose()
@@ -418,6 +425,7 @@ def create_app(
     app.include_router(webhook_routes.router)
     app.include_router(usage_routes.router)
     app.include_router(settlement_routes.router)
+    app.include_router(incident_routes.router)
     app.include_router(auth_routes.admin_router)
     install_openapi(app, (*relay_routes.EXTRA_SCHEMAS, *stream_routes.EXTRA_SCHEMAS))
 

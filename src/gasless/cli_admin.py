@@ -19,7 +19,8 @@ from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.chain.gateway import GatewayClient
 
 admin_app = typer.Typer(
-    help="Operator commands on the billing contract, signed with the owner key.", no_args_is_help=True
+    help="Operator commands: the billing contract (signed with the owner key) and public incidents.",
+    no_args_is_help=True,
 )
 console = Console(stderr=True)
 T = TypeVar("T")
@@ -282,6 +283,9 @@ def verify_proof_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add `gasless admin ...` and `gasless verify-proof` to the main command."""
+    """Add `gasless admin ...` (with `gasless admin incident ...`) and `gasless verify-proof`."""
+    from gasless.cli_incidents import incident_app
+
+    admin_app.add_typer(incident_app, name="incident")
     app.add_typer(admin_app, name="admin")
     app.command("verify-proof")(verify_proof_command)

@@ -24,6 +24,8 @@ from gasless.crypto import PurposeKeys
 from gasless.db.leader import SingletonRunner
 from gasless.errors import ApiError
 from gasless.idempotency import IdempotencyStore
+from gasless.incidents.jobs import IncidentWatch
+from gasless.incidents.service import IncidentService
 from gasless.keys.service import ApiKeyService
 from gasless.limits import RouteLimiter
 from gasless.metrics import HostMetrics
@@ -107,6 +109,9 @@ class HostState:
     webhook_dispatcher: Dispatcher | None = None
     webhook_recorder: IntentRecorder | None = None
     idempotency: IdempotencyStore | None = None
+    # Incidents (database only: usable before the relay core) and the watcher raising automatic ones.
+    incident_service: IncidentService | None = None
+    incident_watch: IncidentWatch | None = None
     startup_error: str | None = None
     # Billing contract mirror, account reads, settlement (the workers run on the role's leader only).
     mirror_repo: MirrorRepository | None = None
@@ -177,6 +182,20 @@ class HostState:
                 "UPSTREAM_UNAVAILABLE", detail="this host is starting", details={"retryAfterMs": 1_000}
             )
         return self.api_key_service
+
+    @property
+    def incidents(self) -> IncidentService:
+        # Needs only the database: usable before the relay core is restored.
+        if self.incident_service is None:
+            raise ApiError(
+                "UPSTREAM_UNAVAILABLE", detail="this host is starting", details={"retryAfterMs": 1_000}
+            )
+        return self.incident_service
+
+    def note_platform_bind(self) -> None:
+        """The limiter's hook when the platform admission budget refuses (relay hot path: no I/O)."""
+        if self.incident_watch is not None:
+            self.incident_watch.note()
 
 
 async def gateway_answers(state: HostState) -> bool:

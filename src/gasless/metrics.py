@@ -3,6 +3,7 @@
 - request latency per route template and status class (a pure-ASGI middleware; also the access log);
 - relay stage timings, observed when a stage's closing transition is published on the intent bus;
 - gateway failures by gateway and kind (the gateway client reports each answer that is not the node's);
+- platform admission refusals, and the automatic incidents raised and resolved (gasless.incidents);
 - queue depths and singleton leadership, read from the host at scrape time.
 """
 
@@ -59,6 +60,17 @@ class HostMetrics:
             "gasless_gateway_errors",
             "Gateway requests without a node's answer, by gateway and kind.",
             ("gateway", "kind"),
+            registry=self.registry,
+        )
+        self.platform_refusals = Counter(
+            "gasless_platform_admission_refusals",
+            "Relays this host refused because the platform-wide admission budget bound.",
+            registry=self.registry,
+        )
+        self.automatic_incidents = Counter(
+            "gasless_automatic_incidents",
+            "Automatic incidents this host raised or resolved, by kind and change (raised, resolved).",
+            ("kind", "change"),
             registry=self.registry,
         )
 

@@ -387,3 +387,20 @@ OPERATIONS.update(
         "getUsageRow": _usage_route(404),
     }
 )
+
+
+# Incidents (spec: Registry and status): public cached reads; a malformed id is simply not found.
+OPERATIONS.update(
+    {
+        "listIncidents": OperationContract(
+            {
+                400: ("MALFORMED_REQUEST", "CURSOR_INVALID"),
+                429: ("RATE_LIMITED",),
+                500: ("INTERNAL",),
+                503: _STARTING,
+            },
+            cached=True,
+        ),
+        "getIncident": OperationContract(_INTENT_READ, cached=True),
+    }
+)

@@ -140,6 +140,11 @@ class Settings(BaseSettings):
     billing_free_flow_platform_per_second: float = Field(default=20, gt=0)
     billing_free_flow_platform_burst: int = Field(default=100, ge=1)
     billing_deploy_allowlist: list[str] = Field(default_factory=list)
+    # Automatic incidents (docs/incidents.md): the `platform_admission` incident is raised when the budget
+    # above binds and resolved once it has not bound for `incident_quiet_ms`; the watcher of each host runs
+    # every `incident_poll_ms` (at most one raise or touch per tick).
+    incident_quiet_ms: int = Field(default=300_000, ge=100, le=86_400_000)
+    incident_poll_ms: int = Field(default=1_000, ge=50, le=60_000)
     # Benchmark only (bench/relay.py --unbilled): every relay free and unaccounted. Never on a real host.
     bench_unbilled: bool = False
     native_auth_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)

@@ -7,6 +7,8 @@ from gasless.db.migrate import current_revision, downgrade, head_revision, is_up
 from gasless.db.tables import (
     account_period_usage,
     api_keys,
+    incident_updates,
+    incidents,
     intent_keys,
     intents,
     metadata,
@@ -26,6 +28,8 @@ __all__ = [
     "account_period_usage",
     "api_keys",
     "Hash32",
+    "incident_updates",
+    "incidents",
     "JsonDoc",
     "Micro",
     "UnixMs",

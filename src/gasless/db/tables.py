@@ -453,3 +453,60 @@ mirror_settlements = Table(
     Column("hyperblock_nonce", BigInteger, nullable=False),
     Column("block_ts_ms", UnixMs, nullable=False),
 )
+
+# Incidents (docs/incidents.md) ------------------------------------------------------------------------------
+INCIDENT_STATUSES = ("investigating", "identified", "monitoring", "resolved")
+INCIDENT_IMPACTS = ("none", "minor", "major", "critical")
+INCIDENT_SOURCES = ("automatic", "operator")
+_INCIDENT_STATUS_SQL = ", ".join(f"'{status}'" for status in INCIDENT_STATUSES)
+_INCIDENT_IMPACT_SQL = ", ".join(f"'{impact}'" for impact in INCIDENT_IMPACTS)
+_INCIDENT_SOURCE_SQL = ", ".join(f"'{source}'" for source in INCIDENT_SOURCES)
+
+# One row per incident. `open_key` is the automatic incident's `kind` while it is open and NULL otherwise:
+# its unique constraint makes "at most one open automatic incident per kind" hold across every host.
+# `update_count` numbers the appended updates (a row lock on the incident orders concurrent appends);
+# `last_seen_at_ms` and `occurrences` are what the raising hosts recorded (automatic incidents only).
+incidents = Table(
+    "incidents",
+    metadata,
+    Column("id", String(32), primary_key=True),
+    Column("title", String(200), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("impact", String(16), nullable=False),
+    Column("shard", SmallInteger, nullable=True),
+    Column("source", String(16), nullable=False),
+    Column("kind", String(40), nullable=True),
+    Column("open_key", String(40), nullable=True),
+    Column("update_count", Integer, nullable=False),
+    Column("occurrences", BigInteger, nullable=False),
+    Column("last_seen_at_ms", UnixMs, nullable=True),
+    Column("created_at_ms", UnixMs, nullable=False),
+    Column("updated_at_ms", UnixMs, nullable=False),
+    Column("resolved_at_ms", UnixMs, nullable=True),
+    UniqueConstraint("open_key"),
+    CheckConstraint(f"status IN ({_INCIDENT_STATUS_SQL})", name="status"),
+    CheckConstraint(f"impact IN ({_INCIDENT_IMPACT_SQL})", name="impact"),
+    CheckConstraint(f"source IN ({_INCIDENT_SOURCE_SQL})", name="source"),
+    CheckConstraint("shard IS NULL OR shard IN (0, 1, 2)", name="shard"),
+    CheckConstraint(
+        "(status = 'resolved' AND resolved_at_ms IS NOT NULL AND open_key IS NULL)"
+        " OR (status <> 'resolved' AND resolved_at_ms IS NULL)",
+        name="resolved",
+    ),
+    CheckConstraint("open_key IS NULL OR (source = 'automatic' AND open_key = kind)", name="open_key"),
+)
+Index(None, incidents.c.created_at_ms, incidents.c.id)
+Index(None, incidents.c.updated_at_ms)
+
+# The history of an incident: appended, never changed (database triggers refuse UPDATE and DELETE).
+incident_updates = Table(
+    "incident_updates",
+    metadata,
+    Column("incident_id", String(32), ForeignKey("incidents.id"), primary_key=True),
+    Column("seq", Integer, primary_key=True, autoincrement=False),
+    Column("status", String(16), nullable=False),
+    Column("body", Text, nullable=False),
+    Column("at_ms", UnixMs, nullable=False),
+    CheckConstraint(f"status IN ({_INCIDENT_STATUS_SQL})", name="status"),
+    CheckConstraint("seq >= 1", name="seq"),
+)

@@ -56,6 +56,7 @@ class _Account:
     seq: int = 0
     replay: deque[Emitted] = field(default_factory=deque)
     streams: set[Subscription] = field(default_factory=set)
+    closed_at_ms: int | None = None  # when its last stream on this host ended
 
 
 @dataclass
@@ -101,6 +102,16 @@ class StreamHub:
             return
         self._emit(account, topic, key, data, at_ms)
         self._open_window(window_key)
+
+    def deliver_everywhere(self, topic: str, key: str, data: dict[str, Any]) -> None:
+        """A change for every account with a stream on this host (global events such as incidents: each
+        host finds them itself, so nothing goes through the fan-out). An account whose last stream ended
+        within the replay window gets it too, so a stream resumed with Last-Event-ID does not miss it."""
+        at_ms = self.clock()
+        recent = at_ms - self.replay_ms
+        for account, state in list(self._accounts.items()):
+            if state.streams or (state.closed_at_ms is not None and state.closed_at_ms >= recent):
+                self.deliver(account, topic, key, data, at_ms)
 
     def _open_window(self, window_key: tuple[str, str, str]) -> None:
         loop = asyncio.get_running_loop()
@@ -169,6 +180,8 @@ class StreamHub:
         if state is None:
             return
         state.streams.discard(stream)
+        if not state.streams:
+            state.closed_at_ms = self.clock()
         # Keep the sequence (a later id must still compare right); drop the rest when nothing is left.
         self._trim(state)
 

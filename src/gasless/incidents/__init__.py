@@ -1,0 +1,1 @@
+"""Incidents: public incidents with append-only updates, automatic ones raised by the service."""
