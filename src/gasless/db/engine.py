@@ -25,7 +25,6 @@ PRE_BEGIN_OPTION = "gasless_sqlite_pre_begin"
 
 Bind = AsyncEngine | AsyncConnection | Engine | Connection
 T = TypeVar("T")
-SQLITE_READ_THREADS = 4
 
 
 def create_engine(url: str, *, connect_timeout: float = 10.0, echo: bool = False) -> AsyncEngine:
@@ -119,19 +118,17 @@ async def begin_write(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
 # thread (cursor, execute, fetch, close), plus BEGIN and the rollback on return; under load each round trip
 # waits behind every ready task of the loop, so a write transaction held SQLite's lock for ~10 ms of mostly
 # waiting. The hot path's units of work are therefore written as plain functions of a sync Connection and
-# run whole: on SQLite in a thread (one hop; writes on one writer thread), on PostgreSQL through
-# `AsyncConnection.run_sync` (asyncpg is truly asynchronous; nothing to gain from a thread).
+# run whole: on SQLite writes in one hop to a writer thread and reads inline on the loop, on PostgreSQL
+# through `AsyncConnection.run_sync` (asyncpg is truly asynchronous; nothing to gain from a thread).
 
 
 @dataclass
 class _SqliteThreads:
     engine: Engine
     writer: ThreadPoolExecutor
-    readers: ThreadPoolExecutor
 
     def close(self) -> None:
         self.writer.shutdown(wait=False)
-        self.readers.shutdown(wait=False)
         self.engine.dispose()
 
 
@@ -145,15 +142,14 @@ def _threads(engine: AsyncEngine) -> _SqliteThreads:
         sync = create_sync_engine(
             url,
             connect_args={"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000, "check_same_thread": False},
-            pool_size=SQLITE_READ_THREADS + 1,
-            max_overflow=0,
+            pool_size=2,  # the writer thread's connection and the loop's read connection
+            max_overflow=2,
         )
         event.listen(sync, "connect", _sqlite_on_connect)
         event.listen(sync, "begin", _sqlite_on_begin)
         side = _SqliteThreads(
             engine=sync,
             writer=ThreadPoolExecutor(1, thread_name_prefix="gasless-sqlite-writer"),
-            readers=ThreadPoolExecutor(SQLITE_READ_THREADS, thread_name_prefix="gasless-sqlite-reader"),
         )
         _sqlite_threads[engine.sync_engine] = side
         # Disposing the async engine (shutdown, tests) releases the threads and their connections too.
@@ -209,10 +205,9 @@ async def run_read(engine: AsyncEngine, work: Callable[[Connection], T]) -> T:
     if not _threaded(engine):
         async with engine.connect() as conn:
             return await conn.run_sync(work)
-    side = _threads(engine)
-    return await asyncio.get_running_loop().run_in_executor(
-        side.readers, partial(_sync_read, side.engine, work)
-    )
+    # Inline on the loop: a WAL read never waits for a lock and takes a fraction of a millisecond, less
+    # than handing it to a thread and back (measured: bench/relay.py, docs/performance.md).
+    return _sync_read(_threads(engine).engine, work)
 
 
 async def ping(engine: AsyncEngine, timeout: float = 2.0) -> bool:
