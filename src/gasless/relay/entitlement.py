@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import structlog
 from multiversx_sdk import Transaction
 
 from gasless.chain.abi import decode_outputs, load_billing_abi
@@ -20,6 +21,9 @@ from gasless.chain.addresses import address_of, parse_address
 from gasless.chain.gateway import GatewayClient
 
 DEPOSIT_FUNCTIONS = frozenset({"deposit", "depositFor", "depositAndSubscribe"})
+
+
+log = structlog.get_logger("gasless.entitlement")
 
 
 @dataclass(frozen=True)
@@ -75,22 +79,39 @@ class Entitlement(Protocol):
 
 
 class _Cached:
-    """Per-key values with a time to live; concurrent misses of one key share a single load."""
+    """Per-key values with a time to live; concurrent misses of one key share a single load.
+
+    A value loaded with `refresh_ahead` true for it is served for one more time to live after it expires
+    while a background load replaces it (stale-while-revalidate): a found paying account is re-read every
+    few seconds, and that read (a contract view through the gateway, ~2 ms of ABI decoding plus the
+    gateway's latency) no longer sits in front of a relay. Exactness does not rest on the TTL: the event
+    mirror forgets an entry as soon as a final event names it, and a forgotten entry is loaded in line.
+    """
 
     def __init__(self, ttl_ms: int) -> None:
         self.ttl_ms = ttl_ms
-        self._values: dict[Any, tuple[float, Any]] = {}
+        # key -> (expires at, value, served stale until or 0)
+        self._values: dict[Any, tuple[float, Any, float]] = {}
         self._loading: dict[Any, asyncio.Future[Any]] = {}
+        self._refreshing: set[asyncio.Task[Any]] = set()
 
     async def get(
         self,
         key: Any,
         load: Callable[[], Awaitable[Any]],
         ttl_ms: int | Callable[[Any], int] | None = None,
+        refresh_ahead: Callable[[Any], bool] | None = None,
     ) -> Any:
         now = time.monotonic() * 1000
         hit = self._values.get(key)
         if hit is not None and hit[0] > now:
+            return hit[1]
+        if hit is not None and hit[2] > now:
+            if key not in self._loading:
+                future = self._claim(key)
+                task = asyncio.create_task(self._load(key, future, load, ttl_ms, refresh_ahead))
+                self._refreshing.add(task)
+                task.add_done_callback(self._refreshed)
             return hit[1]
         pending = self._loading.get(key)
         if pending is not None:
@@ -101,9 +122,29 @@ class _Cached:
                     raise  # this caller was cancelled
                 # the loader was cancelled (its request went away): load for ourselves
         if key in self._loading:
-            return await self.get(key, load, ttl_ms)
+            return await self.get(key, load, ttl_ms, refresh_ahead)
+        return await self._load(key, self._claim(key), load, ttl_ms, refresh_ahead)
+
+    def _claim(self, key: Any) -> asyncio.Future[Any]:
+        # Registered before any await, so callers arriving meanwhile share this load.
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._loading[key] = future
+        return future
+
+    def _refreshed(self, task: asyncio.Task[Any]) -> None:
+        self._refreshing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            # The stale value keeps serving until its grace ends; then a relay loads in line again.
+            log.warning("background refresh of a contract view failed", error=type(task.exception()).__name__)
+
+    async def _load(
+        self,
+        key: Any,
+        future: asyncio.Future[Any],
+        load: Callable[[], Awaitable[Any]],
+        ttl_ms: int | Callable[[Any], int] | None,
+        refresh_ahead: Callable[[Any], bool] | None,
+    ) -> Any:
         try:
             value = await load()
         except asyncio.CancelledError:
@@ -116,8 +157,10 @@ class _Cached:
         finally:
             self._loading.pop(key, None)
         future.set_result(value)
+        now = time.monotonic() * 1000
         ttl = ttl_ms(value) if callable(ttl_ms) else (ttl_ms if ttl_ms is not None else self.ttl_ms)
-        self._values[key] = (now + ttl, value)
+        grace = now + 2 * ttl if refresh_ahead is not None and refresh_ahead(value) else 0.0
+        self._values[key] = (now + ttl, value, grace)
         if len(self._values) > 65_536:  # bounded: drop the oldest half
             for stale in list(self._values)[: len(self._values) // 2]:
                 self._values.pop(stale, None)
@@ -131,7 +174,7 @@ class _Cached:
         for key in [k for k in self._values if isinstance(k, tuple) and subject in k]:
             self._values.pop(key, None)
         # A sender's lookup may name the account only in its value.
-        for key, (_, value) in list(self._values.items()):
+        for key, (_, value, _grace) in list(self._values.items()):
             if key[0] == "account" and isinstance(value, tuple) and value and value[0] == subject:
                 self._values.pop(key, None)
 
@@ -187,6 +230,7 @@ class ContractMirror:
             ("getAccount", address),
             lambda: self._view("getAccount", [pubkey]),
             ttl_ms=lambda found: 1_000 if found[0] is None else 5_000,
+            refresh_ahead=lambda found: found[0] is not None,
         )
         return views[0]
 
@@ -224,7 +268,10 @@ class ContractMirror:
         # a found account 10 s (it changes only by a purchase, a removal or an expiry; the billing
         # issue's event mirror refreshes it sooner).
         return await self._cache.get(
-            ("account", sender), load, ttl_ms=lambda found: 1_000 if found is None else 10_000
+            ("account", sender),
+            load,
+            ttl_ms=lambda found: 1_000 if found is None else 10_000,
+            refresh_ahead=lambda found: found is not None,
         )
 
 
