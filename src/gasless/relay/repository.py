@@ -59,12 +59,15 @@ class IntentRepository:
         self.engine = engine
         # The hot path's statements, built once: constructing a SQLAlchemy statement per request (one
         # coercion per column) cost more than executing it.
-        self._sender_rows = select(intents).where(
+        # The checks never look at the stored wire transaction: leaving its JSON out makes the read of a
+        # busy sender (up to 64 rows in flight) several times cheaper.
+        view_columns = [column for column in intents.c if column.name != "tx"]
+        self._sender_rows = select(*view_columns).where(
             intents.c.sender == bindparam("sender"),
             or_(intents.c.nonce == bindparam("nonce"), intents.c.state.in_(IN_FLIGHT)),
         )
         self._key_row = (
-            select(intents)
+            select(*view_columns)
             .join(intent_keys, intent_keys.c.intent_pk == intents.c.pk)
             .where(
                 intent_keys.c.sender == bindparam("sender"),
