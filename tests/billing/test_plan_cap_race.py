@@ -7,6 +7,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from relay_kit import commit_point_values
 from sqlalchemy import select
 
 from gasless.db import account_period_usage, reservations
@@ -20,42 +21,7 @@ RACERS = 40
 
 
 def _values(account: str, index: int, period_id: int) -> dict[str, Any]:
-    now = 1_700_000_000_000
-    return {
-        "sender": f"erd1sender{index:04d}",
-        "nonce": 0,
-        "slot_seq": 0,
-        "tx_hash": secrets.token_hex(32),
-        "bytes_sha256": secrets.token_hex(32),
-        "state": "COSIGNED",
-        "seq": 1,
-        "sender_shard": 1,
-        "receiver": "erd1receiver",
-        "relayer": "erd1relayer",
-        "cross_shard": False,
-        "gas_limit": 50_000,
-        "gas_price": 1_000_000_000,
-        "value_atto": 0,
-        "lease_kind": "std",
-        "billing": {
-            "authMode": "signed_tx",
-            "billingClass": "plan",
-            "account": account,
-            "ru": 1,
-            "free": False,
-            "periodId": period_id,
-            "includedRu": CAP,
-            "paygPriceMicro": None,
-        },
-        "intent_key": None,
-        "tx": {},
-        "host_id": "a",
-        "request_id": None,
-        "received_at_ms": now,
-        "cosigned_at_ms": now,
-        "send_attempts": 0,
-        "updated_at_ms": now,
-    }
+    return commit_point_values(f"erd1sender{index:04d}", account, periodId=period_id, includedRu=CAP)
 
 
 async def _race(url: str) -> None:

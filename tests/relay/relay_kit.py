@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import secrets
 import sys
 import time
 from collections.abc import Iterator
@@ -242,3 +243,50 @@ def load_conftest(directory: str) -> ModuleType:
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return module
+
+
+def commit_point_values(
+    sender: str,
+    account: str,
+    *,
+    tx_hash: str | None = None,
+    cosigned_at_ms: int = 1_700_000_000_000,
+    **billing: Any,
+) -> dict[str, Any]:
+    """The values of one commit point (a co-signed plan-billed intent) for repository-level races, with
+    random hashes; `billing` members override the plan decision's."""
+    return {
+        "sender": sender,
+        "nonce": 0,
+        "slot_seq": 0,
+        "tx_hash": tx_hash or secrets.token_hex(32),
+        "bytes_sha256": secrets.token_hex(32),
+        "state": "COSIGNED",
+        "seq": 1,
+        "sender_shard": 1,
+        "receiver": "erd1receiver",
+        "relayer": "erd1relayer",
+        "cross_shard": False,
+        "gas_limit": 50_000,
+        "gas_price": 1_000_000_000,
+        "value_atto": 0,
+        "lease_kind": "std",
+        "billing": {
+            "authMode": "signed_tx",
+            "billingClass": "plan",
+            "account": account,
+            "ru": 1,
+            "free": False,
+            "periodId": 1_700_000_000_000,
+            "paygPriceMicro": None,
+            **billing,
+        },
+        "intent_key": None,
+        "tx": {},
+        "host_id": "a",
+        "request_id": None,
+        "received_at_ms": cosigned_at_ms,
+        "cosigned_at_ms": cosigned_at_ms,
+        "send_attempts": 0,
+        "updated_at_ms": cosigned_at_ms,
+    }

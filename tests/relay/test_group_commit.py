@@ -9,6 +9,7 @@ import secrets
 from pathlib import Path
 from typing import Any
 
+from relay_kit import commit_point_values
 from sqlalchemy import func, select
 
 from gasless.db import account_period_usage, intents, reservations
@@ -22,43 +23,13 @@ PERIOD = 1_700_000_000_000
 
 
 def _values(account: str, index: int, *, tx_hash: str | None = None, **billing: Any) -> dict[str, Any]:
-    return {
-        "sender": f"erd1sender{secrets.token_hex(4)}{index:04d}",
-        "nonce": 0,
-        "slot_seq": 0,
-        "tx_hash": tx_hash or secrets.token_hex(32),
-        "bytes_sha256": secrets.token_hex(32),
-        "state": "COSIGNED",
-        "seq": 1,
-        "sender_shard": 1,
-        "receiver": "erd1receiver",
-        "relayer": "erd1relayer",
-        "cross_shard": False,
-        "gas_limit": 50_000,
-        "gas_price": 1_000_000_000,
-        "value_atto": 0,
-        "lease_kind": "std",
-        "billing": {
-            "authMode": "signed_tx",
-            "billingClass": "plan",
-            "account": account,
-            "ru": 1,
-            "free": False,
-            "periodId": PERIOD,
-            "includedRu": 2,
-            "paygPriceMicro": 10,
-            "paygCapMicro": 30,
-            **billing,
-        },
-        "intent_key": None,
-        "tx": {},
-        "host_id": "a",
-        "request_id": None,
-        "received_at_ms": NOW,
-        "cosigned_at_ms": NOW + index,
-        "send_attempts": 0,
-        "updated_at_ms": NOW + index,
-    }
+    return commit_point_values(
+        f"erd1sender{secrets.token_hex(4)}{index:04d}",
+        account,
+        tx_hash=tx_hash,
+        cosigned_at_ms=NOW + index,
+        **{"periodId": PERIOD, "includedRu": 2, "paygPriceMicro": 10, "paygCapMicro": 30, **billing},
+    )
 
 
 async def _outcome(repo: IntentRepository, values: dict[str, Any]) -> str:
