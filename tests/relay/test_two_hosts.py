@@ -402,6 +402,15 @@ def test_native_auth_api_key_and_errors_leave_no_secret_in_any_log_line(cluster:
 
 
 def test_metrics_on_the_admin_port_after_relays(cluster: Cluster) -> None:
+    # Relays of its own on both hosts (the module's other tests may run on another xdist worker).
+    for host_id in ("a", "b", "a"):
+        host = cluster.hosts[host_id]
+        key, sender = new_sender(cluster)
+        assignment = assign(cluster, host, key, sender)
+        tx = signed(cluster, key, assignment)
+        relayed = host.post("/v1/relay", {"tx": tx.to_dictionary(), "lease": assignment["lease"]})
+        assert relayed.status_code in (200, 202), relayed.text
+        wait_state(host, relayed.json()["txHash"], "FINALIZED")
     scraped = {h: cluster.hosts[h].scrape() for h in ("a", "b")}
     for host_id, samples in scraped.items():
         relay_counts = [

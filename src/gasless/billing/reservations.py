@@ -1,11 +1,13 @@
 """Reservations at the commit point and their settlement by the tracker, in the callers' transactions.
 
-`reserve` runs inside the commit transaction (IntentRepository.commit): one reservation per intent (its
-primary key is the intent's), so a duplicate submission never reserves twice. A plan's period cap is taken
-by one conditional UPDATE of `account_period_usage` (`ru_used + ru <= cap`), inserting the period's row
-when it does not exist yet; racing relays on any host therefore never overspend a plan. When the cap is
-spent, pay-as-you-go pays if the decision priced it (escrow and budget permitting), else QUOTA_EXHAUSTED
-rolls the whole commit back: the relayer signature is discarded and nothing was sent.
+`reserve_many` runs inside the commit transaction (IntentRepository.commit) for one commit point or a
+group-committed batch: one reservation per intent (its primary key is the intent's), so a duplicate
+submission never reserves twice. The plan usage rows of the batch's (account, period) pairs are created if
+missing and read under the write lock (SQLite) or `FOR UPDATE` (PostgreSQL), the intents are taken in
+arrival order against their plan's cap, and the new totals written back: racing relays on any host never
+overspend a plan. When the cap is spent, pay-as-you-go pays if the decision priced it (escrow and budget
+permitting), else the intent is refused with QUOTA_EXHAUSTED and the caller undoes its part of the
+transaction: the relayer signature is discarded and nothing was sent.
 
 `settle` runs inside the tracker's batch transaction: EXECUTED -> reservation `settled` and a billed ledger
 row (`success`/`failed`); DEAD -> reservation `released` (a plan's RU given back) and an unbilled `dead`
@@ -28,116 +30,6 @@ from gasless.errors import ApiError
 def _insert(conn: Connection, table: Any) -> Any:
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     return dialect.insert(table)
-
-
-def _take_plan_ru(conn: Connection, account: str, period_id: int, ru: int, cap: int, now: int) -> bool:
-    taken = conn.execute(
-        update(account_period_usage)
-        .where(
-            account_period_usage.c.account == account,
-            account_period_usage.c.period_id == period_id,
-            account_period_usage.c.ru_used + ru <= cap,
-        )
-        .values(ru_used=account_period_usage.c.ru_used + ru, updated_at_ms=now)
-    )
-    if taken.rowcount == 1:
-        return True
-    if ru > cap:
-        return False
-    inserted = conn.execute(
-        _insert(conn, account_period_usage)
-        .values(account=account, period_id=period_id, ru_used=ru, updated_at_ms=now)
-        .on_conflict_do_nothing()
-    )
-    if inserted.rowcount == 1:
-        return True
-    # Another transaction created the row between the two statements: one more conditional UPDATE.
-    again = conn.execute(
-        update(account_period_usage)
-        .where(
-            account_period_usage.c.account == account,
-            account_period_usage.c.period_id == period_id,
-            account_period_usage.c.ru_used + ru <= cap,
-        )
-        .values(ru_used=account_period_usage.c.ru_used + ru, updated_at_ms=now)
-    )
-    return again.rowcount == 1
-
-
-def _payg_outstanding(conn: Connection, account: str) -> int:
-    """Pay-as-you-go amounts reserved or settled and not yet given back (until settlement debits escrow)."""
-    value = (
-        conn.execute(
-            select(func.coalesce(func.sum(reservations.c.payg_micro), 0)).where(
-                reservations.c.account == account,
-                reservations.c.billing_class == "payg",
-                reservations.c.state != "released",
-            )
-        )
-    ).scalar_one()
-    return int(value)
-
-
-def reserve(conn: Connection, pk: int, values: MutableMapping[str, Any], now: int) -> None:
-    """Reserve for the intent `pk` (its `values["billing"]` is the entitlement decision's JSON). A plan that
-    falls back to pay-as-you-go rewrites the stored billing (and `values["billing"]`)."""
-    billing = values.get("billing")
-    if not isinstance(billing, dict) or billing.get("account") is None or "ru" not in billing:
-        return
-    account = str(billing["account"])
-    klass = str(billing["billingClass"])
-    ru = int(billing["ru"])
-    period_id = billing.get("periodId")
-    payg_micro = 0
-    if klass in ("plan", "sponsor") and period_id is not None:
-        cap = int(billing.get("includedRu") or 0)
-        if not _take_plan_ru(conn, account, int(period_id), ru, cap, now):
-            if billing.get("paygPriceMicro") is None:
-                raise ApiError(
-                    "QUOTA_EXHAUSTED",
-                    detail=f"the plan's {cap} RU for this period are used up; buy more or enable "
-                    "pay-as-you-go",
-                    details={
-                        "reason": "PLAN_CAP",
-                        "account": account,
-                        "periodId": int(period_id),
-                        "includedRu": cap,
-                    },
-                )
-            klass, period_id = "payg", None
-    if klass == "payg":
-        price = billing.get("paygPriceMicro")
-        if price is None:
-            raise ApiError(
-                "QUOTA_EXHAUSTED", detail="pay-as-you-go cannot pay", details={"reason": "PAYG_OFF"}
-            )
-        payg_micro = ru * int(price)
-        available = int(billing.get("paygCapMicro") or 0)
-        if _payg_outstanding(conn, account) + payg_micro > available:
-            raise ApiError(
-                "QUOTA_EXHAUSTED",
-                detail="the plan is spent and the pay-as-you-go escrow (or budget) does not cover this "
-                "transaction; top up the escrow",
-                details={"reason": "PAYG_ESCROW", "account": account},
-            )
-    if klass != billing["billingClass"]:
-        billing = {**billing, "billingClass": klass, "periodId": period_id, "free": False}
-        values["billing"] = billing
-        conn.execute(update(intents).where(intents.c.pk == pk).values(billing=billing))
-    conn.execute(
-        reservations.insert().values(
-            intent_pk=pk,
-            account=account,
-            billing_class=klass,
-            ru=ru,
-            payg_micro=payg_micro,
-            period_id=int(period_id) if period_id is not None and klass != "payg" else None,
-            api_key_id=billing.get("apiKeyId"),
-            state="reserved",
-            created_at_ms=now,
-            updated_at_ms=now,
-        )
-    )
 
 
 @dataclass
@@ -165,10 +57,10 @@ def _plan_cap_spent(account: str, period_id: int, cap: int) -> ApiError:
 def reserve_many(
     conn: Connection, items: Sequence[tuple[int, MutableMapping[str, Any]]]
 ) -> dict[int, ApiError]:
-    """`reserve` for a group-committed batch, with the same decisions taken in the batch's order, in a
-    fixed number of statements whatever the batch size. Returns the refused intents (pk -> problem); the
-    caller removes them from the transaction. Plan usage rows are read under the write lock (SQLite) or
-    `FOR UPDATE` (PostgreSQL), so racing batches on any host never overspend a plan either."""
+    """Reserve for the intents `items` ((pk, commit values) whose `values["billing"]` is the entitlement
+    decision's JSON), in order, in a fixed number of statements whatever their number. Returns the refused
+    intents (pk -> problem) for the caller to remove; a plan that falls back to pay-as-you-go rewrites the
+    stored billing (and `values["billing"]`)."""
     claims: list[_Claim] = []
     for pk, values in items:
         billing = values.get("billing")

@@ -13,7 +13,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gasless.billing.reservations import reserve, reserve_many, settle
+from gasless.billing.reservations import reserve_many, settle
 from gasless.db import begin_write, dialect_insert, intent_keys, intents, rejections, run_read, run_write
 from gasless.errors import ApiError
 
@@ -180,9 +180,11 @@ class IntentRepository:
             if key is not None:
                 self._claim_key(conn, values["sender"], key, pk, values["cosigned_at_ms"], key_ttl_ms)
             # Billing seam: the reservation joins the commit transaction (made once, with the intent). It
-            # may refuse (QUOTA_EXHAUSTED: the transaction rolls back) or rewrite `values["billing"]` (a
-            # plan whose cap is spent falling back to pay-as-you-go).
-            reserve(conn, pk, values, int(values["cosigned_at_ms"]))
+            # may refuse (QUOTA_EXHAUSTED: raised, so the transaction rolls back) or rewrite
+            # `values["billing"]` (a plan whose cap is spent falling back to pay-as-you-go).
+            refused = reserve_many(conn, [(pk, values)])
+            if refused:
+                raise refused[pk]
             return pk
 
         try:
