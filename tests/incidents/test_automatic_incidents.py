@@ -152,7 +152,8 @@ async def test_two_hosts_raising_at_once_open_one_incident(two_hosts: Any) -> No
     )
     assert sum(w is not None for w in won) == 1
     resolved = await b.repo.get(row.id)
-    assert resolved.status == "resolved" and resolved.open_key is None and resolved.resolved_at_ms is not None
+    assert resolved.status == "resolved" and resolved.open_key is None
+    assert resolved.resolved_at_ms == resolved.updates[-1].at_ms >= resolved.created_at_ms
     assert [(u.seq, u.status) for u in resolved.updates] == [(1, "investigating"), (2, "resolved")]
     assert f"{row.occurrences} relay requests were refused" in resolved.updates[1].body
 
@@ -174,7 +175,8 @@ async def test_a_touch_racing_the_resolution_is_never_lost(two_hosts: Any) -> No
         b.raise_automatic(PLATFORM_ADMISSION, occurrences=3, seen_at_ms=now),
     )
     open_row = await a.repo.open_automatic("platform_admission")
-    assert open_row is not None  # the latest refusal is always in an open incident
+    # The latest refusal is always in an open incident.
+    assert open_row is not None and open_row.status == "investigating" and open_row.last_seen_at_ms == now
     if resolved is None:
         assert not touched.created and open_row.id == first.incident_id and open_row.occurrences == 4
     else:
