@@ -1,17 +1,26 @@
 """Relay throughput and latency: N relays from M senders through the real API against localnet.
 
-Starts `gasless localnet` and `gasless serve` (SQLite, the embedded default's storage) as two processes,
-grants a plan to M fresh senders, assigns once per sender and pre-signs every transaction (the client's
-work is not measured), then:
+Starts `gasless localnet` and `gasless serve` (SQLite, the embedded default's storage) as separate
+processes, grants a plan to M fresh senders, assigns once per sender and pre-signs every transaction (the
+client's work is not measured), then:
 
 1. max: posts all of them at a high concurrency and reports relays/s;
 2. paced: posts a second set open-loop at 50% of the measured maximum and reports the latency figures
    the service stamps on each intent (acceptToCosignMs, addedMs) at p50/p95/p99.
 
-In the same run it measures the floor: the bare cost of the same per-relay work in a tight loop in one
-process (verify the sender signature, co-sign, hash, one durable SQLite insert).
+For both it also reports the CPU time the API process(es) used per relay (from /proc).
 
-    .venv/bin/python bench/relay.py --senders 40 --per-sender 50 --concurrency 64
+In the same run it measures the floor: the bare cost of the same per-relay work in a tight loop in one
+process (verify the sender signature, co-sign, hash, one durable insert), once before and once after the
+runs (the ratio uses their mean: this shared VM's speed drifts by up to 2x within minutes).
+
+With `--database-url` (PostgreSQL) the service runs on a fresh database made for the run, and the floor's
+insert is a durable single-row PostgreSQL transaction too; `--hosts 2 --redis-url ...` starts hosts `a`
+and `b` as two processes sharing it, each sender sticking to one host.
+
+    .venv/bin/python bench/relay.py --senders 40 --per-sender 30 --concurrency 40
+    .venv/bin/python bench/relay.py --hosts 2 --database-url postgresql+asyncpg://postgres@127.0.0.1/postgres \
+        --redis-url redis://127.0.0.1:6379/14
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ from gasless.chain.codec import signing_bytes, tx_hash, verify_ed25519
 from gasless.relay.checks import presence_message
 
 ROOT = Path(__file__).resolve().parent.parent
+HOST_IDS = ("a", "b")
 SECRET = "bench-master-secret-0123456789abcdef0123456789"
 computer = TransactionComputer()
 console = Console()
@@ -110,10 +120,17 @@ async def grant_plans(
 
 
 async def prepare(
-    session: aiohttp.ClientSession, api: str, senders: list[UserSecretKey], per_sender: int, start_nonce: int
-) -> list[dict[str, Any]]:
+    session: aiohttp.ClientSession,
+    apis: list[str],
+    senders: list[UserSecretKey],
+    per_sender: int,
+    start_nonce: int,
+) -> list[tuple[str, dict[str, Any]]]:
+    """Pre-signed bodies, each with the host it goes to: a sender sticks to one host (as a load balancer
+    with sender affinity would route it), senders spread over the hosts in turn."""
     bodies = []
-    for key in senders:
+    for index, key in enumerate(senders):
+        api = apis[index % len(apis)]
         sender = address_of(key.generate_public_key().buffer)
         while True:  # assignments are limited to 10/s per IP: honour Retry-After
             now = int(time.time() * 1000)
@@ -143,15 +160,14 @@ async def prepare(
                 relayer=parse_address(assignment["relayer"]),
             )
             tx.signature = key.sign(computer.compute_bytes_for_signing(tx))
-            bodies.append({"tx": tx.to_dictionary(), "lease": assignment["lease"]})
+            bodies.append((api, {"tx": tx.to_dictionary(), "lease": assignment["lease"]}))
     # Interleave senders so consecutive requests come from different senders, as real traffic does.
     return [bodies[s * per_sender + i] for i in range(per_sender) for s in range(len(senders))]
 
 
 async def post_all(
     session: aiohttp.ClientSession,
-    api: str,
-    bodies: list[dict[str, Any]],
+    bodies: list[tuple[str, dict[str, Any]]],
     concurrency: int,
     rate: float | None,
 ) -> tuple[float, list[dict[str, Any]]]:
@@ -159,10 +175,10 @@ async def post_all(
 
     With `rate`, request i is due at start + i / rate (open loop); a stream waits for its request's slot.
     """
-    streams: dict[str, list[tuple[int, dict[str, Any]]]] = {}
-    for index, body in enumerate(bodies):
-        streams.setdefault(body["tx"]["sender"], []).append((index, body))
-    queue: asyncio.Queue[list[tuple[int, dict[str, Any]]]] = asyncio.Queue()
+    streams: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
+    for index, (api, body) in enumerate(bodies):
+        streams.setdefault(body["tx"]["sender"], []).append((index, api, body))
+    queue: asyncio.Queue[list[tuple[int, str, dict[str, Any]]]] = asyncio.Queue()
     for stream in streams.values():
         queue.put_nowait(stream)
     results: list[dict[str, Any]] = []
@@ -174,7 +190,7 @@ async def post_all(
                 stream = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            for index, body in stream:
+            for index, api, body in stream:
                 if rate is not None:
                     delay = start + index / rate - time.monotonic()
                     if delay > 0:
@@ -187,8 +203,8 @@ async def post_all(
     return time.monotonic() - start, results
 
 
-def floor(count: int, relayer: UserSecretKey) -> float:
-    """Verify the sender signature, co-sign, hash, one durable insert: per relay, in a tight loop."""
+def floor_transactions(count: int, relayer: UserSecretKey) -> tuple[UserSecretKey, Any, list[Transaction]]:
+    """`count` sender-signed transactions for the floor's loop (built before the clock starts)."""
     key = UserSecretKey.generate()
     sender = address_of(key.generate_public_key().buffer)
     relayer_address = address_of(relayer.generate_public_key().buffer)
@@ -205,6 +221,12 @@ def floor(count: int, relayer: UserSecretKey) -> float:
         )
         tx.signature = key.sign(computer.compute_bytes_for_signing(tx))
         txs.append(tx)
+    return key, sender, txs
+
+
+def floor(count: int, relayer: UserSecretKey) -> float:
+    """Verify the sender signature, co-sign, hash, one durable insert: per relay, in a tight loop."""
+    key, sender, txs = floor_transactions(count, relayer)
     with tempfile.TemporaryDirectory() as tmp:
         db = sqlite3.connect(Path(tmp) / "floor.db", isolation_level=None)
         db.execute("PRAGMA journal_mode=WAL")
@@ -226,6 +248,73 @@ def floor(count: int, relayer: UserSecretKey) -> float:
         elapsed = time.perf_counter() - start
         db.close()
     return count / elapsed
+
+
+async def create_bench_database(admin_url: str) -> str:
+    """A fresh PostgreSQL database for one run (the service migrates it); returns its SQLAlchemy URL."""
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(admin_url)
+    name = f"gasless_bench_{os.getpid()}_{int(time.time())}"
+    conn = await asyncpg.connect(url.set(drivername="postgresql").render_as_string(hide_password=False))
+    try:
+        await conn.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await conn.close()
+    return url.set(database=name).render_as_string(hide_password=False)
+
+
+async def drop_bench_database(admin_url: str, bench_url: str) -> None:
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    name = make_url(bench_url).database
+    conn = await asyncpg.connect(make_url(admin_url).set(drivername="postgresql").render_as_string(False))
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+async def floor_postgres(count: int, relayer: UserSecretKey, database_url: str) -> float:
+    """The floor on PostgreSQL: the same work, the insert a durable single-row transaction (autocommit,
+    the server's default `synchronous_commit=on`) over one connection."""
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    key, sender, txs = floor_transactions(count, relayer)
+    conn = await asyncpg.connect(make_url(database_url).set(drivername="postgresql").render_as_string(False))
+    try:
+        await conn.execute(
+            "CREATE TABLE floor_intents (tx_hash TEXT PRIMARY KEY, sender TEXT, nonce BIGINT, tx JSONB)"
+        )
+        insert = await conn.prepare("INSERT INTO floor_intents VALUES ($1, $2, $3, $4)")
+        pubkey = sender.get_public_key()
+        start = time.perf_counter()
+        for tx in txs:
+            message = signing_bytes(tx)
+            assert verify_ed25519(pubkey, message, tx.signature)
+            tx.relayer_signature = relayer.sign(message)
+            h = tx_hash(tx)
+            await insert.fetch(h, sender.to_bech32(), tx.nonce, json.dumps(tx.to_dictionary()))
+        elapsed = time.perf_counter() - start
+        await conn.execute("DROP TABLE floor_intents")
+    finally:
+        await conn.close()
+    return count / elapsed
+
+
+def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
+    """User + system CPU time the processes used so far (Linux /proc), in seconds."""
+    ticks = 0
+    for proc in procs:
+        try:
+            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def summarize(label: str, elapsed: float, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -254,10 +343,13 @@ def summarize(label: str, elapsed: float, results: list[dict[str, Any]]) -> dict
 
 async def run(args: argparse.Namespace, data_dir: Path, *, unbilled: bool = False) -> dict[str, Any]:
     """One full run (max, then paced at 50%); `unbilled` serves the API with billing off (bench_unbilled)."""
-    gw_port, api_port = free_port(), free_port()
-    gateway, api = f"http://127.0.0.1:{gw_port}", f"http://127.0.0.1:{api_port}"
+    gw_port = free_port()
+    api_ports = [free_port() for _ in range(args.hosts)]
+    gateway = f"http://127.0.0.1:{gw_port}"
+    apis = [f"http://127.0.0.1:{port}" for port in api_ports]
     py = sys.executable
     localnet_profile = ["-m", "cProfile", "-o", args.profile_localnet] if args.profile_localnet else []
+    database_url = await create_bench_database(args.database_url) if args.database_url else ""
     localnet = subprocess.Popen(
         [
             py,
@@ -275,7 +367,7 @@ async def run(args: argparse.Namespace, data_dir: Path, *, unbilled: bool = Fals
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    api_proc = None
+    api_procs: list[subprocess.Popen[bytes]] = []
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             await wait_ok(session, f"{gateway}/localnet/info")
@@ -300,45 +392,70 @@ async def run(args: argparse.Namespace, data_dir: Path, *, unbilled: bool = Fals
                 "GASLESS_RELAYER_KEY_FILES": json.dumps(relayer_pems),
                 "GASLESS_BENCH_UNBILLED": "true" if unbilled else "false",
             }
-            profile = ["-m", "cProfile", "-o", args.profile_api] if args.profile_api else []
-            api_proc = subprocess.Popen(
-                [py, *profile, "-m", "gasless.cli", "serve", "--port", str(api_port)],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            await wait_ok(session, f"{api}/readyz")
+            if database_url:
+                env["GASLESS_DATABASE_URL"] = database_url
+            if args.redis_url:
+                env["GASLESS_REDIS_URL"] = args.redis_url
+            # One process per host; the first migrates the database before the next starts.
+            for index, (port, api) in enumerate(zip(api_ports, apis, strict=True)):
+                profile = ["-m", "cProfile", "-o", f"{args.profile_api}.{index}"] if args.profile_api else []
+                api_procs.append(
+                    subprocess.Popen(
+                        [py, *profile, "-m", "gasless.cli", "serve", "--port", str(port)],
+                        env={**env, "GASLESS_HOST_ID": HOST_IDS[index]},
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
+                await wait_ok(session, f"{api}/readyz")
             with console.status("granting plans to senders"):
                 senders = [UserSecretKey.generate() for _ in range(args.senders)]
                 await grant_plans(session, gateway, info, senders)
             with console.status("assigning and pre-signing"):
-                first = await prepare(session, api, senders, args.per_sender, 0)
+                first = await prepare(session, apis, senders, args.per_sender, 0)
+            # The floor once now (the service idle) and once at the end: this VM's speed drifts by up to
+            # 2x within minutes, so the ratio uses the mean of the two measurements around the runs.
+            relayer = UserPEM.from_file(Path(relayer_pems[0])).secret_key
+            with console.status("floor (before the runs)"):
+                floor_before = floor(args.floor_count, relayer)
             # Warm-up, then the maximum: closed loop at high concurrency.
             with console.status(f"max throughput: {len(first)} relays at concurrency {args.concurrency}"):
-                elapsed, results = await post_all(session, api, first, args.concurrency, None)
+                cpu_before = cpu_seconds(api_procs)
+                elapsed, results = await post_all(session, first, args.concurrency, None)
+                cpu_used = cpu_seconds(api_procs) - cpu_before
             top = summarize("max (closed loop)", elapsed, results)
+            top["api_cpu_ms_per_relay"] = 1000 * cpu_used / max(1, top["ok"])
             await asyncio.sleep(max(2.0, 4 * args.round_ms / 1000))  # let the first set settle
             with console.status("pre-signing the paced run"):
-                second = await prepare(session, api, senders, args.per_sender, args.per_sender)
+                second = await prepare(session, apis, senders, args.per_sender, args.per_sender)
             rate = top["relays_per_s"] * 0.5
             with console.status(f"paced at {rate:.0f}/s (50% of max)"):
-                elapsed, results = await post_all(session, api, second, args.concurrency, rate)
+                cpu_before = cpu_seconds(api_procs)
+                elapsed, results = await post_all(session, second, args.concurrency, rate)
+                cpu_used = cpu_seconds(api_procs) - cpu_before
             paced = summarize("paced at 50% of max", elapsed, results)
+            paced["api_cpu_ms_per_relay"] = 1000 * cpu_used / max(1, paced["ok"])
     finally:
-        for proc in (api_proc, localnet):
-            if proc is not None:
-                proc.send_signal(signal.SIGINT)  # a clean exit (and the profile, if one is written)
-                try:
-                    proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-    relayer = UserPEM.from_file(Path(relayer_pems[0])).secret_key
-    floor_rate = floor(args.floor_count, relayer)
+        for proc in (*api_procs, localnet):
+            proc.send_signal(signal.SIGINT)  # a clean exit (and the profile, if one is written)
+        for proc in (*api_procs, localnet):
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    floor_after = floor(args.floor_count, relayer)
+    floors = {"sqlite": (floor_before + floor_after) / 2}
+    if database_url:
+        floors["postgresql"] = await floor_postgres(args.floor_count, relayer, database_url)
+        await drop_bench_database(args.database_url, database_url)
+    # The ratio is taken against the floor of the storage the service ran on: the same durable insert.
+    storage = "postgresql" if database_url else "sqlite"
+    floor_rate = floors[storage]
 
     mode = "unbilled" if unbilled else "billed"
     table = Table(
-        title=f"bench/relay.py ({mode}): {args.senders} senders x {args.per_sender} relays, "
-        f"concurrency {args.concurrency}"
+        title=f"bench/relay.py ({mode}, {args.hosts} host(s), {storage}): {args.senders} senders x "
+        f"{args.per_sender} relays, concurrency {args.concurrency}"
     )
     for col in (
         "run",
@@ -347,6 +464,7 @@ async def run(args: argparse.Namespace, data_dir: Path, *, unbilled: bool = Fals
         "relays/s",
         "acceptToCosign p50/p95/p99 ms",
         "added p50/p95/p99 ms",
+        "API CPU ms/relay",
         "errors",
     ):
         table.add_column(col)
@@ -358,15 +476,41 @@ async def run(args: argparse.Namespace, data_dir: Path, *, unbilled: bool = Fals
             f"{row['relays_per_s']:.0f}",
             f"{row['accept_p50']:.1f} / {row['accept_p95']:.1f} / {row['accept_p99']:.1f}",
             f"{row['added_p50']:.1f} / {row['added_p95']:.1f} / {row['added_p99']:.1f}",
+            f"{row['api_cpu_ms_per_relay']:.1f}",
             json.dumps(row["errors"]) if row["errors"] else "-",
         )
-    table.add_row("floor (tight loop, 1 core)", "-", "-", f"{floor_rate:.0f}", "-", "-", "-")
+    for name, rate in floors.items():
+        table.add_row(
+            f"floor, {name} insert (tight loop, 1 core)",
+            "-",
+            "-",
+            f"{rate:.0f}",
+            "-",
+            "-",
+            f"{1000 / rate:.2f}",
+            "-",
+        )
     console.print(table)
     console.print(
-        f"service / floor = {top['relays_per_s'] / floor_rate:.1%} (target >= 25%); "
+        f"sqlite floor before / after the runs: {floor_before:.0f} / {floor_after:.0f} per s; API CPU per "
+        f"relay in floor units (relays of the floor's work one core does meanwhile): max "
+        f"{top['api_cpu_ms_per_relay'] * floor_rate / 1000:.1f}, paced "
+        f"{paced['api_cpu_ms_per_relay'] * floor_rate / 1000:.1f}"
+    )
+    console.print(
+        f"service / floor ({storage}) = {top['relays_per_s'] / floor_rate:.1%} (target >= 25%); "
         f"acceptToCosign p99 at 50% load = {paced['accept_p99']:.1f} ms (target <= 10 ms)"
     )
-    result = {"mode": mode, "max": top, "paced": paced, "floor_per_s": floor_rate}
+    result = {
+        "mode": mode,
+        "hosts": args.hosts,
+        "storage": storage,
+        "max": top,
+        "paced": paced,
+        "floor_per_s": floor_rate,
+        "floors_per_s": floors,
+        "sqlite_floor_before_after": [floor_before, floor_after],
+    }
     print(json.dumps(result))
     return result
 
@@ -381,6 +525,15 @@ def main() -> int:
     )
     parser.add_argument("--concurrency", type=int, default=40, help="senders relaying at once")
     parser.add_argument("--round-ms", type=int, default=600)
+    parser.add_argument(
+        "--hosts", type=int, default=1, choices=(1, 2), help="API processes (two need --database-url)"
+    )
+    parser.add_argument(
+        "--database-url",
+        default="",
+        help="PostgreSQL server to run on (postgresql+asyncpg://...); a fresh database is made per run",
+    )
+    parser.add_argument("--redis-url", default="", help="Redis for two hosts (redis://...)")
     parser.add_argument("--floor-count", type=int, default=3000)
     parser.add_argument("--profile-api", default="", help="write a cProfile of the API process to this file")
     parser.add_argument("--profile-localnet", default="", help="write a cProfile of the localnet process")
@@ -390,6 +543,8 @@ def main() -> int:
         help="also run with billing off (setting bench_unbilled) and print the p50 acceptToCosign difference",
     )
     args = parser.parse_args()
+    if args.hosts > 1 and not (args.database_url and args.redis_url):
+        parser.error("--hosts 2 needs --database-url (PostgreSQL) and --redis-url: hosts share both")
     with tempfile.TemporaryDirectory() as tmp:
         billed = asyncio.run(run(args, Path(tmp)))
     if args.unbilled:

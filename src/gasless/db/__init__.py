@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
-from gasless.db.engine import begin_write, create_engine, dialect_insert, ping, run_read, run_write
+from gasless.db.engine import (
+    begin_write,
+    create_engine,
+    dialect_insert,
+    in_constants,
+    ping,
+    run_read,
+    run_write,
+)
 from gasless.db.migrate import current_revision, downgrade, head_revision, is_up_to_date, upgrade
 from gasless.db.tables import (
     account_period_usage,
@@ -37,6 +45,7 @@ __all__ = [
     "create_engine",
     "current_revision",
     "dialect_insert",
+    "in_constants",
     "downgrade",
     "head_revision",
     "is_up_to_date",

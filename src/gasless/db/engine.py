@@ -12,7 +12,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, event, text
+from sqlalchemy import ColumnElement, Connection, Engine, event, literal_column, text
 from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
@@ -229,3 +229,13 @@ def dialect_insert(bind: Bind) -> Callable[..., postgresql.Insert | sqlite.Inser
     if name == "sqlite":
         return sqlite.insert
     raise ValueError(f"no ON CONFLICT insert for dialect {name!r}")
+
+
+def in_constants(column: ColumnElement[Any], values: tuple[str, ...]) -> ColumnElement[bool]:
+    """`column IN ('a', 'b')` with the constants written into the SQL once. A plain `in_()` of a tuple is
+    an "expanding" parameter that SQLAlchemy renders again on every execution: on the relay path's read of
+    the sender's rows that rendering cost more than running the query (py-spy, docs/performance.md)."""
+    for value in values:
+        if not value.replace("_", "").isalnum():  # fixed state names only: nothing here is ever quoted
+            raise ValueError(f"not a constant name: {value!r}")
+    return column.in_([literal_column(f"'{value}'") for value in values])

@@ -154,8 +154,9 @@ class Tracker(Worker):
         self._limit = asyncio.Semaphore(32)
 
     def _refresh(self, row: Rec) -> None:
-        if int(row.pk) in self._tracked:
-            self._tracked[int(row.pk)] = row
+        old = self._tracked.get(int(row.pk))
+        if old is not None:
+            self._tracked[int(row.pk)] = _updated(old, row)
 
     def watch(self, row: Rec) -> None:
         self._tracked[int(row.pk)] = row
@@ -273,6 +274,11 @@ class Tracker(Worker):
         due = 1_000 if row.state == "COSIGNED" else self.rebroadcast_ms
         sending = int(row.pk) in self.broadcaster.sending
         if not sending and now - last_sent >= due and (row.state == "COSIGNED" or chain_tx is None):
+            if getattr(row, "tx", None) is None:  # an update's row without the wire transaction
+                fresh = await self.repo.by_pk(int(row.pk))
+                if fresh is None:
+                    return
+                row = row._replace(tx=fresh.tx)
             self.broadcaster.send(int(row.pk), dict(row.tx), row.tx_hash)
             self._tracked[int(row.pk)] = row._replace(
                 last_sent_at_ms=now, send_attempts=row.send_attempts + 1
@@ -329,7 +335,8 @@ class Tracker(Worker):
 
     def _publish(self, row: Rec) -> None:
         if row.state in IN_FLIGHT:
-            self._tracked[int(row.pk)] = row
+            old = self._tracked.get(int(row.pk))
+            self._tracked[int(row.pk)] = row if old is None else _updated(old, row)
         else:
             self._tracked.pop(int(row.pk), None)
             self._hyper.pop(int(row.pk), None)
@@ -337,6 +344,12 @@ class Tracker(Worker):
 
 
 _UNREACHABLE = object()  # no gateway answered this round's look at an intent
+
+
+def _updated(old: Rec, fresh: Rec) -> Rec:
+    """A tracked row after an update: updates return rows without the wire transaction, which never
+    changes, so the tracked row keeps its own."""
+    return old._replace(**vars(fresh))
 
 
 class _Batch:

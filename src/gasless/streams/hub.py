@@ -83,6 +83,12 @@ class StreamHub:
         self._windows: dict[tuple[str, str, str], _Window] = {}
 
     # Publishing -----------------------------------------------------------------------------------------
+    def wants(self, account: str) -> bool:
+        """Whether a change for `account` can reach anyone: another host (through the fan-out), or a stream
+        of this host, open or ended (a client may resume it with Last-Event-ID). An account that never
+        had a stream here has nothing to resume, so its changes need not even be built."""
+        return self.fanout is not None or account in self._accounts
+
     def publish(self, account: str, topic: str, key: str, data: dict[str, Any]) -> None:
         """A change of `key` (e.g. an intent id) under `topic` for `account`: to every host's streams."""
         at_ms = self.clock()
@@ -94,7 +100,11 @@ class StreamHub:
         self.deliver(account, topic, key, data, at_ms)
 
     def deliver(self, account: str, topic: str, key: str, data: dict[str, Any], at_ms: int) -> None:
-        """A change for this host's streams (from this host's publish, or from another host)."""
+        """A change for this host's streams (from this host's publish, or from another host). An account
+        with no stream on this host, now or before, gets no event: no client holds an id to resume from,
+        and a new stream starts from its first live event."""
+        if account not in self._accounts:
+            return
         window_key = (account, topic, key)
         window = self._windows.get(window_key)
         if window is not None:

@@ -35,7 +35,7 @@ class IntentSource:
         try:
             billing = row.billing if isinstance(row.billing, dict) else {}
             account = billing.get("account")
-            if not account:
+            if not account or not self.hub.wants(str(account)):
                 return
             intent = intent_from_row(row, self.round_ms)
             self.hub.publish(str(account), "intents", intent.id, intent.model_dump(mode="json"))
