@@ -3,6 +3,7 @@ coalescing, tickets used once."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 KEEPALIVE = {"stream_keepalive_ms": 200}
@@ -110,6 +111,29 @@ def test_intent_events_in_order_then_resume_and_reset(served: Any, sse: Any) -> 
         )
     finally:
         host.streams.hub.replay_events = 1_000
+
+
+def test_first_stream_of_an_account_starts_at_its_first_live_event(served: Any, sse: Any) -> None:
+    """Relays of an account that has never had a stream on this host are not numbered (no client can hold
+    an id to resume them from): its first stream opens at id 0 and numbers the next change 1."""
+    server, env, auth = served(**KEEPALIVE)
+    host = server.host
+    account = auth.account()
+    prefix = f"a.{host.boot_epoch_ms}."
+    earlier = _relay(env, account)
+    deadline = time.monotonic() + 30
+    while env.client.get(f"/v1/relay/{earlier}").json()["state"] != "FINALIZED":
+        assert time.monotonic() < deadline, "the earlier relay did not finalize"
+        time.sleep(0.1)
+    stream = sse(server.client, {"account": account.address}, auth.bearer(account))
+    try:
+        assert stream.frame() == {"id": f"{prefix}0"}
+        ident = _relay(env, account)
+        frames = _intents_until_final(stream, ident)
+    finally:
+        stream.close()
+    assert _seq(frames[0]) == 1 and frames[0]["data"]["key"] == ident
+    assert all(frame["data"]["key"] == ident for frame in frames)
 
 
 def test_keep_alive_topics_and_coalescing(served: Any, sse: Any) -> None:
