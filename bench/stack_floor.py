@@ -8,11 +8,12 @@ and its pool entries) and the send, all through one aiohttp session against `gas
 durable insert through SQLAlchemy Core on SQLite (WAL, `synchronous=NORMAL`, one transaction per relay).
 No middleware, leases, checks, billing, tracking, streams, metrics or logs.
 
-It prints, in one run, the bare endpoint's throughput and CPU time per relay, the work floor of
+It prints, in one run, the bare endpoint's throughput, CPU time per relay and latency (handler entry to the
+co-signature, at the maximum and paced at 50% of it), the work floor of
 `bench/relay.py` (measured before and after), and their ratio: an upper bound for what the service can reach
 on this machine with these libraries.
 
-    .venv/bin/python bench/stack_floor.py --senders 40 --per-sender 50 --concurrency 40
+    .venv/bin/python bench/stack_floor.py --senders 40 --per-sender 30 --concurrency 40
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from rich.table import Table
 from gasless.chain.addresses import address_of, shard_of_pubkey
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from relay import cpu_seconds, floor, free_port, wait_ok  # noqa: E402  (the sibling benchmark)
+from relay import cpu_seconds, floor, free_port, percentile, wait_ok  # noqa: E402  (the sibling benchmark)
 
 computer = TransactionComputer()
 console = Console()
@@ -75,6 +76,7 @@ class RelayAnswer(BaseModel):
     txHash: str  # noqa: N815
     accountNonce: int  # noqa: N815
     pooled: int
+    acceptToCosignMs: float  # noqa: N815 - handler entry to the co-signature, as the service stamps it
 
 
 def make_app(gateway: str, database: Path, relayer_pem: Path) -> Any:
@@ -120,6 +122,7 @@ def make_app(gateway: str, database: Path, relayer_pem: Path) -> Any:
 
     @app.post("/relay")
     async def relay(body: RelayBody) -> RelayAnswer:
+        received = time.perf_counter()
         wire_in = {k: v for k, v in body.tx.model_dump(exclude_none=True).items() if v != ""}
         tx = tx_from_wire(wire_in)
         sender = body.tx.sender
@@ -131,6 +134,7 @@ def make_app(gateway: str, database: Path, relayer_pem: Path) -> Any:
         if not verify_ed25519(tx.sender.get_public_key(), message, tx.signature):
             raise ValueError("bad signature")
         tx.relayer_signature = relayer.sign(message)
+        cosigned = time.perf_counter()
         final_hash = tx_hash(tx)
         wire = tx_to_wire(tx)
         with engine.begin() as conn:
@@ -143,6 +147,7 @@ def make_app(gateway: str, database: Path, relayer_pem: Path) -> Any:
             txHash=final_hash,
             accountNonce=int(account["account"]["nonce"]),
             pooled=len(((pool or {}).get("txPool") or {}).get("transactions") or []),
+            acceptToCosignMs=(cosigned - received) * 1000,
         )
 
     return app
@@ -156,21 +161,27 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def presigned(relayer: UserSecretKey, senders: int, per_sender: int) -> list[dict[str, Any]]:
-    """Transactions from `senders` fresh senders of the relayer's shard, interleaved across senders."""
-    relayer_pub = relayer.generate_public_key().buffer
-    shard = shard_of_pubkey(relayer_pub)
-    relayer_address = address_of(relayer_pub)
+def sender_keys(relayer: UserSecretKey, senders: int) -> list[UserSecretKey]:
+    """Fresh senders in the relayer's shard."""
+    shard = shard_of_pubkey(relayer.generate_public_key().buffer)
     keys: list[UserSecretKey] = []
     while len(keys) < senders:
         key = UserSecretKey.generate()
         if shard_of_pubkey(key.generate_public_key().buffer) == shard:
             keys.append(key)
+    return keys
+
+
+def presigned(
+    relayer: UserSecretKey, keys: list[UserSecretKey], first_nonce: int, per_sender: int
+) -> list[dict[str, Any]]:
+    """`per_sender` transactions of each sender from `first_nonce` on, interleaved across senders."""
+    relayer_address = address_of(relayer.generate_public_key().buffer)
     streams = []
     for key in keys:
         sender = address_of(key.generate_public_key().buffer)
         stream = []
-        for nonce in range(per_sender):
+        for nonce in range(first_nonce, first_nonce + per_sender):
             tx = Transaction(
                 sender=sender,
                 receiver=sender,
@@ -183,39 +194,47 @@ def presigned(relayer: UserSecretKey, senders: int, per_sender: int) -> list[dic
             tx.signature = key.sign(computer.compute_bytes_for_signing(tx))
             stream.append({"tx": tx.to_dictionary()})
         streams.append(stream)
-    return [streams[s][i] for i in range(per_sender) for s in range(senders)]
+    return [streams[s][i] for i in range(per_sender) for s in range(len(keys))]
 
 
 async def post_streams(
-    session: aiohttp.ClientSession, url: str, bodies: list[dict[str, Any]], concurrency: int
-) -> tuple[float, int]:
-    """One ordered stream per sender, `concurrency` at a time; returns (seconds, answers that were 200)."""
-    streams: dict[str, list[dict[str, Any]]] = {}
-    for body in bodies:
-        streams.setdefault(body["tx"]["sender"], []).append(body)
-    queue: asyncio.Queue[list[dict[str, Any]]] = asyncio.Queue()
+    session: aiohttp.ClientSession,
+    url: str,
+    bodies: list[dict[str, Any]],
+    concurrency: int,
+    rate: float | None = None,
+) -> tuple[float, list[float]]:
+    """One ordered stream per sender, `concurrency` at a time; with `rate`, request i is due at
+    start + i / rate (open loop). Returns (seconds, acceptToCosignMs of every answer that was 200)."""
+    streams: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for index, body in enumerate(bodies):
+        streams.setdefault(body["tx"]["sender"], []).append((index, body))
+    queue: asyncio.Queue[list[tuple[int, dict[str, Any]]]] = asyncio.Queue()
     for stream in streams.values():
         queue.put_nowait(stream)
-    ok = 0
+    latencies: list[float] = []
     failures: list[str] = []
+    start = time.monotonic()
 
     async def worker() -> None:
-        nonlocal ok
         while not queue.empty():
-            for body in queue.get_nowait():
+            for index, body in queue.get_nowait():
+                if rate is not None:
+                    delay = start + index / rate - time.monotonic()
+                    if delay > 0:
+                        await asyncio.sleep(delay)
                 async with session.post(url, json=body) as resp:
                     text = await resp.text()
                     if resp.status == 200:
-                        ok += 1
+                        latencies.append(json.loads(text)["acceptToCosignMs"])
                     elif len(failures) < 3:
                         failures.append(f"HTTP {resp.status}: {text[:300]}")
 
-    start = time.monotonic()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.monotonic() - start
     for failure in failures:
         console.print(f"[red]failed relay[/red] {failure}")
-    return elapsed, ok
+    return elapsed, latencies
 
 
 async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
@@ -250,13 +269,20 @@ async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             )
             procs.append(server)
             await wait_ok(session, f"{api}/docs")
-            bodies = presigned(relayer, args.senders, args.per_sender)
+            keys = sender_keys(relayer, args.senders)
+            bodies = presigned(relayer, keys, 0, args.per_sender)
             with console.status("floor (before)"):
                 floor_before = floor(args.floor_count, relayer)
             with console.status(f"bare endpoint: {len(bodies)} relays at concurrency {args.concurrency}"):
                 cpu_before = cpu_seconds([server])
-                elapsed, ok = await post_streams(session, f"{api}/relay", bodies, args.concurrency)
+                elapsed, latencies = await post_streams(session, f"{api}/relay", bodies, args.concurrency)
                 cpu_used = cpu_seconds([server]) - cpu_before
+            ok = len(latencies)
+            rate = ok / elapsed
+            await asyncio.sleep(3)  # let localnet execute the first set
+            second = presigned(relayer, keys, args.per_sender, args.per_sender)
+            with console.status(f"bare endpoint paced at {rate / 2:.0f}/s (50% of max)"):
+                _, paced = await post_streams(session, f"{api}/relay", second, args.concurrency, rate / 2)
             floor_after = floor(args.floor_count, relayer)
     finally:
         for proc in procs:
@@ -267,19 +293,30 @@ async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 proc.kill()
     work_floor = (floor_before + floor_after) / 2
-    rate = ok / elapsed
     cpu_ms = 1000 * cpu_used / max(1, ok)
     table = Table(title=f"bench/stack_floor.py: {len(bodies)} relays, concurrency {args.concurrency}")
-    for col in ("what", "relays ok", "relays/s", "CPU ms per relay"):
+    for col in ("what", "relays ok", "relays/s", "CPU ms per relay", "acceptToCosign p50/p95/p99 ms"):
         table.add_column(col)
     table.add_row(
-        "bare endpoint (FastAPI + pydantic + aiohttp + SQLAlchemy)", f"{ok}", f"{rate:.0f}", f"{cpu_ms:.2f}"
+        "bare endpoint (FastAPI + pydantic + aiohttp + SQLAlchemy), max",
+        f"{ok}",
+        f"{rate:.0f}",
+        f"{cpu_ms:.2f}",
+        " / ".join(f"{percentile(latencies, q):.1f}" for q in (50, 95, 99)),
+    )
+    table.add_row(
+        "bare endpoint, paced at 50% of its max",
+        f"{len(paced)}",
+        f"{rate / 2:.0f}",
+        "-",
+        " / ".join(f"{percentile(paced, q):.1f}" for q in (50, 95, 99)),
     )
     table.add_row(
         f"work floor (tight loop, 1 core; before {floor_before:.0f}, after {floor_after:.0f})",
         "-",
         f"{work_floor:.0f}",
         f"{1000 / work_floor:.2f}",
+        "-",
     )
     console.print(table)
     console.print(
@@ -292,6 +329,7 @@ async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
         "cpu_ms_per_relay": cpu_ms,
         "work_floor_per_s": work_floor,
         "work_floor_before_after": [floor_before, floor_after],
+        "paced_accept_to_cosign_ms": {q: percentile(paced, q) for q in (50, 95, 99)},
     }
     print(json.dumps(result))
     return result
@@ -302,7 +340,9 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--senders", type=int, default=40)
-    parser.add_argument("--per-sender", type=int, default=50, help="at most 100 (the chain's nonce window)")
+    parser.add_argument(
+        "--per-sender", type=int, default=30, help="at most 50: two sets must fit in the chain's nonce window"
+    )
     parser.add_argument("--concurrency", type=int, default=40)
     parser.add_argument("--floor-count", type=int, default=3000)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
