@@ -29,6 +29,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import sqlite3
@@ -224,8 +225,9 @@ def floor_transactions(count: int, relayer: UserSecretKey) -> tuple[UserSecretKe
     return key, sender, txs
 
 
-def floor(count: int, relayer: UserSecretKey) -> float:
-    """Verify the sender signature, co-sign, hash, one durable insert: per relay, in a tight loop."""
+def floor(count: int, relayer: UserSecretKey, counter: InstructionCount | None = None) -> float:
+    """Verify the sender signature, co-sign, hash, one durable insert: per relay, in a tight loop. With a
+    `counter` (of this process), the instructions of the loop alone are counted."""
     key, sender, txs = floor_transactions(count, relayer)
     with tempfile.TemporaryDirectory() as tmp:
         db = sqlite3.connect(Path(tmp) / "floor.db", isolation_level=None)
@@ -233,6 +235,8 @@ def floor(count: int, relayer: UserSecretKey) -> float:
         db.execute("PRAGMA synchronous=NORMAL")
         db.execute("CREATE TABLE intents (tx_hash TEXT PRIMARY KEY, sender TEXT, nonce INTEGER, tx TEXT)")
         pubkey = sender.get_public_key()
+        if counter is not None:
+            counter.start()
         start = time.perf_counter()
         for tx in txs:
             message = signing_bytes(tx)
@@ -246,6 +250,8 @@ def floor(count: int, relayer: UserSecretKey) -> float:
             )
             db.execute("COMMIT")
         elapsed = time.perf_counter() - start
+        if counter is not None:
+            counter.total = counter.stop()
         db.close()
     return count / elapsed
 
@@ -315,6 +321,39 @@ def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
             return float("nan")
         ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class InstructionCount:
+    """Instructions the processes execute between start() and stop(), counted by `perf stat` (Linux
+    perf_event): unlike CPU time, the count does not move with the VM's speed or with other load, so it
+    compares builds run at different times. Unavailable (None) where perf is missing or not allowed."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.pids = pids
+        self.total: int | None = None
+        self._proc: subprocess.Popen[str] | None = None
+
+    def start(self) -> None:
+        if shutil.which("perf") is None:
+            return
+        self._proc = subprocess.Popen(
+            ["perf", "stat", "-x", ",", "-e", "instructions", "-p", ",".join(map(str, self.pids))],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(0.2)  # perf attaches asynchronously
+
+    def stop(self) -> int | None:
+        if self._proc is None:
+            return None
+        self._proc.send_signal(signal.SIGINT)
+        _, err = self._proc.communicate(timeout=10)
+        for line in err.splitlines():
+            fields = line.split(",")
+            if len(fields) > 2 and fields[2].startswith("instructions") and fields[0].isdigit():
+                return int(fields[0])
+        return None
 
 
 def summarize(label: str, elapsed: float, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -417,24 +456,34 @@ async def run(args: argparse.Namespace, data_dir: Path, *, unbilled: bool = Fals
             # 2x within minutes, so the ratio uses the mean of the two measurements around the runs.
             relayer = UserPEM.from_file(Path(relayer_pems[0])).secret_key
             with console.status("floor (before the runs)"):
-                floor_before = floor(args.floor_count, relayer)
+                floor_counter = InstructionCount([os.getpid()])
+                floor_before = floor(args.floor_count, relayer, floor_counter)
+            floor_instructions = floor_counter.total / args.floor_count if floor_counter.total else None
             # Warm-up, then the maximum: closed loop at high concurrency.
             with console.status(f"max throughput: {len(first)} relays at concurrency {args.concurrency}"):
+                counter = InstructionCount([proc.pid for proc in api_procs])
+                counter.start()
                 cpu_before = cpu_seconds(api_procs)
                 elapsed, results = await post_all(session, first, args.concurrency, None)
                 cpu_used = cpu_seconds(api_procs) - cpu_before
+                instructions = counter.stop()
             top = summarize("max (closed loop)", elapsed, results)
             top["api_cpu_ms_per_relay"] = 1000 * cpu_used / max(1, top["ok"])
+            top["api_instructions_per_relay"] = instructions / max(1, top["ok"]) if instructions else None
             await asyncio.sleep(max(2.0, 4 * args.round_ms / 1000))  # let the first set settle
             with console.status("pre-signing the paced run"):
                 second = await prepare(session, apis, senders, args.per_sender, args.per_sender)
             rate = top["relays_per_s"] * 0.5
             with console.status(f"paced at {rate:.0f}/s (50% of max)"):
+                counter = InstructionCount([proc.pid for proc in api_procs])
+                counter.start()
                 cpu_before = cpu_seconds(api_procs)
                 elapsed, results = await post_all(session, second, args.concurrency, rate)
                 cpu_used = cpu_seconds(api_procs) - cpu_before
+                instructions = counter.stop()
             paced = summarize("paced at 50% of max", elapsed, results)
             paced["api_cpu_ms_per_relay"] = 1000 * cpu_used / max(1, paced["ok"])
+            paced["api_instructions_per_relay"] = instructions / max(1, paced["ok"]) if instructions else None
     finally:
         for proc in (*api_procs, localnet):
             proc.send_signal(signal.SIGINT)  # a clean exit (and the profile, if one is written)
@@ -491,6 +540,13 @@ async def run(args: argparse.Namespace, data_dir: Path, *, unbilled: bool = Fals
             "-",
         )
     console.print(table)
+    top_ins, paced_ins = top["api_instructions_per_relay"], paced["api_instructions_per_relay"]
+    if floor_instructions and top_ins and paced_ins:
+        console.print(
+            f"instructions per relay (perf stat; steady whatever the VM's speed): API max {top_ins / 1e6:.1f} M, "
+            f"paced {paced_ins / 1e6:.1f} M; floor (sqlite) {floor_instructions / 1e6:.2f} M: the API executes "
+            f"{top_ins / floor_instructions:.1f}x / {paced_ins / floor_instructions:.1f}x the floor's instructions"
+        )
     console.print(
         f"sqlite floor before / after the runs: {floor_before:.0f} / {floor_after:.0f} per s; API CPU per "
         f"relay in floor units (relays of the floor's work one core does meanwhile): max "
@@ -510,6 +566,7 @@ async def run(args: argparse.Namespace, data_dir: Path, *, unbilled: bool = Fals
         "floor_per_s": floor_rate,
         "floors_per_s": floors,
         "sqlite_floor_before_after": [floor_before, floor_after],
+        "floor_instructions_per_relay": floor_instructions,
     }
     print(json.dumps(result))
     return result
