@@ -225,6 +225,15 @@ def floor_transactions(count: int, relayer: UserSecretKey) -> tuple[UserSecretKe
     return key, sender, txs
 
 
+def cosign_for_floor(tx: Transaction, relayer: UserSecretKey, pubkey: bytes) -> tuple[str, str]:
+    """The floor's work before its insert: verify the sender's signature, co-sign, hash. Returns the hash
+    and the wire JSON to store."""
+    message = signing_bytes(tx)
+    assert verify_ed25519(pubkey, message, tx.signature)
+    tx.relayer_signature = relayer.sign(message)
+    return tx_hash(tx), json.dumps(tx.to_dictionary())
+
+
 def floor(count: int, relayer: UserSecretKey, counter: InstructionCount | None = None) -> float:
     """Verify the sender signature, co-sign, hash, one durable insert: per relay, in a tight loop. With a
     `counter` (of this process), the instructions of the loop alone are counted."""
@@ -239,15 +248,9 @@ def floor(count: int, relayer: UserSecretKey, counter: InstructionCount | None =
             counter.start()
         start = time.perf_counter()
         for tx in txs:
-            message = signing_bytes(tx)
-            assert verify_ed25519(pubkey, message, tx.signature)
-            tx.relayer_signature = relayer.sign(message)
-            h = tx_hash(tx)
+            h, wire = cosign_for_floor(tx, relayer, pubkey)
             db.execute("BEGIN IMMEDIATE")
-            db.execute(
-                "INSERT INTO intents VALUES (?, ?, ?, ?)",
-                (h, sender.to_bech32(), tx.nonce, json.dumps(tx.to_dictionary())),
-            )
+            db.execute("INSERT INTO intents VALUES (?, ?, ?, ?)", (h, sender.to_bech32(), tx.nonce, wire))
             db.execute("COMMIT")
         elapsed = time.perf_counter() - start
         if counter is not None:
@@ -299,11 +302,8 @@ async def floor_postgres(count: int, relayer: UserSecretKey, database_url: str) 
         pubkey = sender.get_public_key()
         start = time.perf_counter()
         for tx in txs:
-            message = signing_bytes(tx)
-            assert verify_ed25519(pubkey, message, tx.signature)
-            tx.relayer_signature = relayer.sign(message)
-            h = tx_hash(tx)
-            await insert.fetch(h, sender.to_bech32(), tx.nonce, json.dumps(tx.to_dictionary()))
+            h, wire = cosign_for_floor(tx, relayer, pubkey)
+            await insert.fetch(h, sender.to_bech32(), tx.nonce, wire)
         elapsed = time.perf_counter() - start
         await conn.execute("DROP TABLE floor_intents")
     finally:
