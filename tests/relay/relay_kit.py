@@ -238,7 +238,8 @@ def load_conftest(directory: str) -> ModuleType:
     module = sys.modules.get(name)
     if module is None:
         spec = importlib.util.spec_from_file_location(name, TESTS_DIR / directory / "conftest.py")
-        assert spec is not None and spec.loader is not None
+        if spec is None or spec.loader is None:
+            raise ImportError(f"no conftest.py in tests/{directory}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
