@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -356,6 +357,35 @@ class InstructionCount:
         return None
 
 
+def stop_processes(procs: list[subprocess.Popen[Any]]) -> None:
+    """SIGINT to all (a clean exit, and a profile if one is written), then wait; kill what does not end."""
+    for proc in procs:
+        proc.send_signal(signal.SIGINT)
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+async def measured_phase(
+    procs: list[subprocess.Popen[bytes]], phase: Coroutine[Any, Any, tuple[float, list[dict[str, Any]]]]
+) -> tuple[float, list[dict[str, Any]], float, int | None]:
+    """Runs one phase of posts; returns its (seconds, results) with the CPU seconds and the instructions
+    (None without perf) the processes spent meanwhile."""
+    counter = InstructionCount([proc.pid for proc in procs])
+    counter.start()
+    cpu_before = cpu_seconds(procs)
+    elapsed, results = await phase
+    cpu_used = cpu_seconds(procs) - cpu_before
+    return elapsed, results, cpu_used, counter.stop()
+
+
+def add_costs(row: dict[str, Any], cpu_used: float, instructions: int | None) -> None:
+    row["api_cpu_ms_per_relay"] = 1000 * cpu_used / max(1, row["ok"])
+    row["api_instructions_per_relay"] = instructions / max(1, row["ok"]) if instructions else None
+
+
 def summarize(label: str, elapsed: float, results: list[dict[str, Any]]) -> dict[str, Any]:
     ok = [r for r in results if r["status"] in (200, 202)]
     accept = [r["intent"]["latency"]["acceptToCosignMs"] for r in ok]
@@ -461,37 +491,23 @@ async def run(args: argparse.Namespace, data_dir: Path, *, unbilled: bool = Fals
             floor_instructions = floor_counter.total / args.floor_count if floor_counter.total else None
             # Warm-up, then the maximum: closed loop at high concurrency.
             with console.status(f"max throughput: {len(first)} relays at concurrency {args.concurrency}"):
-                counter = InstructionCount([proc.pid for proc in api_procs])
-                counter.start()
-                cpu_before = cpu_seconds(api_procs)
-                elapsed, results = await post_all(session, first, args.concurrency, None)
-                cpu_used = cpu_seconds(api_procs) - cpu_before
-                instructions = counter.stop()
+                elapsed, results, cpu_used, instructions = await measured_phase(
+                    api_procs, post_all(session, first, args.concurrency, None)
+                )
             top = summarize("max (closed loop)", elapsed, results)
-            top["api_cpu_ms_per_relay"] = 1000 * cpu_used / max(1, top["ok"])
-            top["api_instructions_per_relay"] = instructions / max(1, top["ok"]) if instructions else None
+            add_costs(top, cpu_used, instructions)
             await asyncio.sleep(max(2.0, 4 * args.round_ms / 1000))  # let the first set settle
             with console.status("pre-signing the paced run"):
                 second = await prepare(session, apis, senders, args.per_sender, args.per_sender)
             rate = top["relays_per_s"] * 0.5
             with console.status(f"paced at {rate:.0f}/s (50% of max)"):
-                counter = InstructionCount([proc.pid for proc in api_procs])
-                counter.start()
-                cpu_before = cpu_seconds(api_procs)
-                elapsed, results = await post_all(session, second, args.concurrency, rate)
-                cpu_used = cpu_seconds(api_procs) - cpu_before
-                instructions = counter.stop()
+                elapsed, results, cpu_used, instructions = await measured_phase(
+                    api_procs, post_all(session, second, args.concurrency, rate)
+                )
             paced = summarize("paced at 50% of max", elapsed, results)
-            paced["api_cpu_ms_per_relay"] = 1000 * cpu_used / max(1, paced["ok"])
-            paced["api_instructions_per_relay"] = instructions / max(1, paced["ok"]) if instructions else None
+            add_costs(paced, cpu_used, instructions)
     finally:
-        for proc in (*api_procs, localnet):
-            proc.send_signal(signal.SIGINT)  # a clean exit (and the profile, if one is written)
-        for proc in (*api_procs, localnet):
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes([*api_procs, localnet])
     floor_after = floor(args.floor_count, relayer)
     floors = {"sqlite": (floor_before + floor_after) / 2}
     if database_url:

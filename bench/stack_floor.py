@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import subprocess
 import sys
 import tempfile
@@ -40,7 +39,7 @@ from rich.table import Table
 from gasless.chain.addresses import address_of, shard_of_pubkey
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from relay import cpu_seconds, floor, free_port, percentile, wait_ok  # noqa: E402  (the sibling benchmark)
+from relay import cpu_seconds, floor, free_port, percentile, stop_processes, wait_ok  # noqa: E402  (the sibling benchmark)
 
 computer = TransactionComputer()
 console = Console()
@@ -285,13 +284,7 @@ async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                 _, paced = await post_streams(session, f"{api}/relay", second, args.concurrency, rate / 2)
             floor_after = floor(args.floor_count, relayer)
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGINT)
-        for proc in procs:
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_processes(procs)
     work_floor = (floor_before + floor_after) / 2
     cpu_ms = 1000 * cpu_used / max(1, ok)
     table = Table(title=f"bench/stack_floor.py: {len(bodies)} relays, concurrency {args.concurrency}")
