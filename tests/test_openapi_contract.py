@@ -20,7 +20,7 @@ from pydantic import BaseModel
 
 from gasless.app import create_app
 from gasless.errors import CATALOGUE, PROBLEM_MEDIA_TYPE
-from gasless.openapi import (
+from gasless.http.openapi import (
     SNAPSHOT_REFRESH,
     build_document,
     contract_snapshot,

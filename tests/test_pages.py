@@ -14,8 +14,8 @@ from fastapi.testclient import TestClient
 
 from gasless.crypto import PurposeKeys, b64url, b64url_decode
 from gasless.errors import ApiError
-from gasless.pages import CURSOR_TTL_MS, CursorCodec, PageQuery, WindowQuery
-from gasless.problems import install_problem_handlers
+from gasless.http.pages import CURSOR_TTL_MS, CursorCodec, PageQuery, WindowQuery
+from gasless.http.problems import install_problem_handlers
 
 KEYS = PurposeKeys(b"pages-test-master-secret-0123456789abcdef", "test", "localnet")
 

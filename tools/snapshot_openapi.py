@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 from gasless.app import create_app
-from gasless.openapi import contract_snapshot, snapshot_differences
+from gasless.http.openapi import contract_snapshot, snapshot_differences
 from gasless.settings import Settings
 
 SNAPSHOT = Path(__file__).resolve().parent.parent / "tests" / "openapi_snapshot.json"

@@ -27,13 +27,16 @@ from gasless.billing.entitlement import AdmissionPolicy, BillingEntitlement
 from gasless.billing.gate import BillingGate, FreeFlowLimits
 from gasless.billing.limiter import AccountLimiter, PlatformBudget
 from gasless.billing.unbilled import UnbilledEntitlement
-from gasless.body_limit import BodyLimitMiddleware
 from gasless.chain.gateway import GatewayClient
 from gasless.chain.network import NetworkView
 from gasless.db import create_engine, ping, upgrade
 from gasless.db.leader import SingletonRunner
 from gasless.host import Health, HostState, gateway_answers, purpose_keys, redis_answers
-from gasless.idempotency import IdempotencyStore
+from gasless.http.body_limit import BodyLimitMiddleware
+from gasless.http.idempotency import IdempotencyStore
+from gasless.http.openapi import install_openapi
+from gasless.http.pages import CursorCodec
+from gasless.http.problems import RequestIdMiddleware, install_problem_handlers
 from gasless.incidents import routes as incident_routes
 from gasless.incidents.jobs import build_incidents
 from gasless.keys import routes as key_routes
@@ -45,9 +48,6 @@ from gasless.logs import quiet_sdk_loggers
 from gasless.metrics import HostCollector, MeteredIntentBus, MetricsMiddleware
 from gasless.mirror.follower import MIRROR_ROLE, MirrorFollower
 from gasless.mirror.repository import MirrorRepository
-from gasless.openapi import install_openapi
-from gasless.pages import CursorCodec
-from gasless.problems import RequestIdMiddleware, install_problem_handlers
 from gasless.relay import routes as relay_routes
 from gasless.relay.assign import AssignService
 from gasless.relay.entitlement import ContractMirror, Entitlement
@@ -399,7 +399,7 @@ def create_app(
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,  # served by gasless.openapi
+        openapi_url=None,  # served by gasless.http.openapi
     )
     app.state.host = state
     # Outermost last: request id, metrics, RateLimit-* headers, then origins/CORS (so even a 413 from the

@@ -23,7 +23,8 @@ from gasless.chain.network import NetworkView
 from gasless.crypto import PurposeKeys
 from gasless.db.leader import SingletonRunner
 from gasless.errors import ApiError
-from gasless.idempotency import IdempotencyStore
+from gasless.http.idempotency import IdempotencyStore
+from gasless.http.pages import CursorCodec
 from gasless.incidents.jobs import IncidentWatch
 from gasless.incidents.service import IncidentService
 from gasless.keys.service import ApiKeyService
@@ -31,7 +32,6 @@ from gasless.limits import RouteLimiter
 from gasless.metrics import HostMetrics
 from gasless.mirror.follower import MirrorFollower
 from gasless.mirror.repository import MirrorRepository
-from gasless.pages import CursorCodec
 from gasless.relay.assign import AssignService
 from gasless.relay.entitlement import ContractMirror
 from gasless.relay.events import IntentBus

@@ -14,7 +14,7 @@ from gasless.chain.abi import load_billing_abi
 from gasless.chain.addresses import address_of
 from gasless.chain.calls import contract_call
 from gasless.crypto import PurposeKeys
-from gasless.pages import CURSOR_TTL_MS, CursorCodec
+from gasless.http.pages import CURSOR_TTL_MS, CursorCodec
 
 SENDERS = 12
 _computer = TransactionComputer()

@@ -12,7 +12,7 @@ import pytest
 from gasless.crypto import PurposeKeys
 from gasless.db import create_engine, upgrade
 from gasless.errors import ApiError
-from gasless.idempotency import IdempotencyStore, Stored
+from gasless.http.idempotency import IdempotencyStore, Stored
 from gasless.webhooks.repository import WebhookRepository
 
 KEYS = PurposeKeys(b"m" * 48, "test", "localnet")

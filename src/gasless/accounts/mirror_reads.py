@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gasless.accounts.schemas import Account, PaygSettings, PlanBlock, PurchaseEvent, PurchasesPage, Quota
 from gasless.db.tables import PURCHASE_KINDS, account_period_usage
 from gasless.errors import ApiError
+from gasless.http.pages import CursorCodec, PageParams, TimeWindow
 from gasless.mirror.repository import MirrorRepository
-from gasless.pages import CursorCodec, PageParams, TimeWindow
 
 PERIOD_MS = 2_592_000_000  # 30 days: a plan block of n months has n periods from its start
 PURCHASES_LISTING = "listAccountPurchases"

@@ -12,8 +12,8 @@ from gasless.accounts.schemas import Account, PurchasesPage, Quota
 from gasless.accounts.senders import AccountSendersPage
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
-from gasless.http_cache import ACCOUNT_MIRROR_CACHE, cached_json
-from gasless.pages import PageQuery, WindowQuery
+from gasless.http.caching import ACCOUNT_MIRROR_CACHE, cached_json
+from gasless.http.pages import PageQuery, WindowQuery
 from gasless.route_limits import PUBLIC_READ
 
 router = APIRouter(tags=["accounts"])

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from gasless.pages import Page
+from gasless.http.pages import Page
 
 
 class PlanBlock(BaseModel):

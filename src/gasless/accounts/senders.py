@@ -14,8 +14,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from gasless.errors import ApiError
+from gasless.http.pages import CursorCodec, Page, PageParams
 from gasless.mirror.repository import MirrorRepository
-from gasless.pages import CursorCodec, Page, PageParams
 
 LISTING = "listAccountSenders"
 

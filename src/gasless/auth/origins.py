@@ -26,7 +26,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gasless.errors import ApiError
-from gasless.problems import problem_response
+from gasless.http.problems import problem_response
 
 ALLOW_HEADERS = (
     "Authorization",

@@ -22,10 +22,10 @@ from typing import Any
 
 import structlog
 
+from gasless.http.pages import CursorCodec
 from gasless.incidents.repository import IncidentRepository
 from gasless.incidents.schemas import Incident
 from gasless.incidents.service import PLATFORM_ADMISSION, AutomaticKind, IncidentService, to_incident
-from gasless.pages import CursorCodec
 
 log = structlog.get_logger("gasless.incidents")
 

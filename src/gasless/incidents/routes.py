@@ -6,9 +6,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from gasless.http_cache import cached_json
+from gasless.http.caching import cached_json
+from gasless.http.pages import PageQuery, WindowQuery
 from gasless.incidents.schemas import Incident, IncidentsPage, IncidentStatus
-from gasless.pages import PageQuery, WindowQuery
 from gasless.route_limits import PUBLIC_READ
 
 router = APIRouter(tags=["incidents"])

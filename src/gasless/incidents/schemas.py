@@ -6,7 +6,7 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, Field
 
-from gasless.pages import Page
+from gasless.http.pages import Page
 
 # design.md section 4: the Statuspage vocabulary.
 IncidentStatus = Literal["investigating", "identified", "monitoring", "resolved"]

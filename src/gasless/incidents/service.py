@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gasless.errors import ApiError
+from gasless.http.pages import CursorCodec, PageParams, TimeWindow
 from gasless.incidents.repository import IncidentRepository, IncidentRow, NotOpen, Raised
 from gasless.incidents.schemas import (
     INCIDENT_IMPACTS,
@@ -23,7 +24,6 @@ from gasless.incidents.schemas import (
     IncidentsPage,
     IncidentUpdate,
 )
-from gasless.pages import CursorCodec, PageParams, TimeWindow
 
 LISTING = "incidents"
 ID_PATTERN = re.compile(r"inc_[0-9a-f]{20}")

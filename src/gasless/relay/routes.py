@@ -16,7 +16,7 @@ from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 from gasless.auth.deps import OptionalBearer, RelaySponsorKey
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
-from gasless.http_cache import NETWORK_CACHE, cached_json, intent_cache_control
+from gasless.http.caching import NETWORK_CACHE, cached_json, intent_cache_control
 from gasless.relay.checks import MAX_BODY_BYTES
 from gasless.relay.intents import TERMINAL, intent_from_row, rejected_intent
 from gasless.relay.schemas import (

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from gasless.auth.deps import AccountAccess, ApiKeyHeader, AuthorizationHeader, read_access_to
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
-from gasless.pages import PageQuery
+from gasless.http.pages import PageQuery
 from gasless.route_limits import Caller, account_rate, enforce
 from gasless.streams.service import AccountRateClass
 from gasless.usage.repository import UsageFilters, UsageRepository

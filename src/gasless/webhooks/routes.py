@@ -8,8 +8,8 @@ from fastapi import APIRouter, Header, Path, Request, Response
 
 from gasless.auth.deps import AccountRead, AccountWrite
 from gasless.errors import ApiError
-from gasless.idempotency import idempotent
-from gasless.pages import PageQuery
+from gasless.http.idempotency import idempotent
+from gasless.http.pages import PageQuery
 from gasless.route_limits import Caller, account_rate
 from gasless.webhooks.schemas import (
     Webhook,
@@ -25,7 +25,7 @@ from gasless.webhooks.service import to_delivery
 router = APIRouter(tags=["webhooks"])
 WebhookIdPath = Annotated[str, Path(max_length=64, description="the webhook's id (`wh_...`)")]
 NO_STORE = "no-store"
-# Documented here; read and judged by gasless.idempotency (16..128 visible ASCII, else 400).
+# Documented here; read and judged by gasless.http.idempotency (16..128 visible ASCII, else 400).
 IdempotencyKeyHeader = Annotated[
     str | None,
     Header(

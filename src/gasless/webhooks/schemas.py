@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from gasless.pages import Page
+from gasless.http.pages import Page
 
 # Intent events, named after the state the intent reached; `webhook.test` is sent by the test route only.
 IntentEventType = Literal[

@@ -17,7 +17,7 @@ import structlog
 
 from gasless.crypto import PurposeKeys
 from gasless.errors import ApiError
-from gasless.pages import CursorCodec, Page, PageParams
+from gasless.http.pages import CursorCodec, Page, PageParams
 from gasless.sealing import seal, unseal
 from gasless.webhooks.repository import DeliveryRow, WebhookRepository, WebhookRow, WebhooksFull
 from gasless.webhooks.schemas import (

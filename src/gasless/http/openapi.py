@@ -28,8 +28,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from gasless.errors import CATALOGUE, PROBLEM_MEDIA_TYPE
-from gasless.openapi_operations import API_KEY, NATIVE_AUTH, OPERATIONS, X402, default_contract
-from gasless.problems import REQUEST_ID_HEADER
+from gasless.http.operations import API_KEY, NATIVE_AUTH, OPERATIONS, X402, default_contract
+from gasless.http.problems import REQUEST_ID_HEADER
 
 API_VERSION = "1.0.0-draft.1"
 EVENT_STREAM = "text/event-stream"

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gasless.errors import ApiError
-from gasless.problems import problem_response
+from gasless.http.problems import problem_response
 
 MAX_REQUEST_BODY_BYTES = 131_072
 
