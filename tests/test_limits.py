@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from starlette.requests import Request
 
 from gasless.errors import ApiError
-from gasless.limits import (
+from gasless.limits.buckets import (
     STREAM_RETRY_MS,
     LocalConcurrencyLimiter,
     LocalRateLimiter,
@@ -23,8 +23,8 @@ from gasless.limits import (
     RouteLimitTable,
     TokenBuckets,
 )
-from gasless.limits_redis import RedisConcurrencyLimiter, RedisRateLimiter
-from gasless.route_limits import client_key
+from gasless.limits.redis_backend import RedisConcurrencyLimiter, RedisRateLimiter
+from gasless.limits.route_classes import client_key
 
 
 class Clock:

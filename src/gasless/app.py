@@ -25,7 +25,6 @@ from gasless.auth.origins import OriginMiddleware, OriginPolicy
 from gasless.auth.roles import AccountRoles
 from gasless.billing.entitlement import AdmissionPolicy, BillingEntitlement
 from gasless.billing.gate import BillingGate, FreeFlowLimits
-from gasless.billing.limiter import AccountLimiter, PlatformBudget
 from gasless.billing.unbilled import UnbilledEntitlement
 from gasless.chain.gateway import GatewayClient
 from gasless.chain.network import NetworkView
@@ -42,8 +41,10 @@ from gasless.incidents.jobs import build_incidents
 from gasless.keys import routes as key_routes
 from gasless.keys.repository import ApiKeyRepository
 from gasless.keys.service import ApiKeyService
-from gasless.limits import Rate, RouteLimiter, RouteLimitTable, local_route_limiter
-from gasless.limits_redis import redis_backends, redis_namespace
+from gasless.limits.accounts import AccountLimiter, PlatformBudget
+from gasless.limits.buckets import Rate, RouteLimiter, RouteLimitTable, local_route_limiter
+from gasless.limits.redis_backend import redis_backends, redis_namespace
+from gasless.limits.route_classes import RateLimitHeadersMiddleware
 from gasless.logs import quiet_sdk_loggers
 from gasless.metrics import HostCollector, MeteredIntentBus, MetricsMiddleware
 from gasless.mirror.follower import MIRROR_ROLE, MirrorFollower
@@ -59,7 +60,6 @@ from gasless.relay.quote import QuoteService
 from gasless.relay.relayers import RelayerPool
 from gasless.relay.repository import IntentRepository
 from gasless.relay.service import RelayConfig, RelayService
-from gasless.route_limits import RateLimitHeadersMiddleware
 from gasless.settings import Settings
 from gasless.settlement import routes as settlement_routes
 from gasless.settlement.owner_tx import OwnerTransactor, load_owner_key

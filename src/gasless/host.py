@@ -28,7 +28,7 @@ from gasless.http.pages import CursorCodec
 from gasless.incidents.jobs import IncidentWatch
 from gasless.incidents.service import IncidentService
 from gasless.keys.service import ApiKeyService
-from gasless.limits import RouteLimiter
+from gasless.limits.buckets import RouteLimiter
 from gasless.metrics import HostMetrics
 from gasless.mirror.follower import MirrorFollower
 from gasless.mirror.repository import MirrorRepository

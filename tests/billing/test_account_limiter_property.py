@@ -8,9 +8,9 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gasless.billing.limiter import AccountLimiter, PlatformBudget
 from gasless.errors import ApiError
-from gasless.limits import LocalRateLimiter
+from gasless.limits.accounts import AccountLimiter, PlatformBudget
+from gasless.limits.buckets import LocalRateLimiter
 
 RATE_CLASS = SimpleNamespace(
     id=1,

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 from redis.asyncio import Redis
 
-from gasless.billing.limiter import AccountLimiter
 from gasless.errors import ApiError
-from gasless.limits_redis import RedisRateLimiter
+from gasless.limits.accounts import AccountLimiter
+from gasless.limits.redis_backend import RedisRateLimiter
 
 RATE_CLASS = SimpleNamespace(
     id=1,

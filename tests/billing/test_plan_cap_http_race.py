@@ -27,7 +27,7 @@ from sqlalchemy import select
 from gasless.app import create_app
 from gasless.db import account_period_usage, reservations, usage_ledger
 from gasless.db.engine import create_engine
-from gasless.limits import Rate
+from gasless.limits.buckets import Rate
 
 CAP = 10
 RACERS = 24

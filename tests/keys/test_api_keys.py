@@ -18,7 +18,7 @@ from gasless.db import create_engine, upgrade
 from gasless.keys.key_format import checksum
 from gasless.keys.repository import ApiKeyRepository, SlotsFull
 from gasless.keys.service import CACHE_TTL_MS
-from gasless.limits import Rate, RouteLimitTable
+from gasless.limits.buckets import Rate, RouteLimitTable
 
 KEY = re.compile(r"gls_test_([0-9A-Za-z]{16})[0-9A-Za-z]{32}[0-9A-Za-z]{6}")
 DEFAULT_POLICY = {

@@ -19,7 +19,7 @@ from multiversx_sdk import Transaction, TransactionComputer, UserSecretKey
 
 from gasless.app import create_app
 from gasless.chain.addresses import address_of, shard_of_pubkey
-from gasless.limits import Rate, RouteLimitTable
+from gasless.limits.buckets import Rate, RouteLimitTable
 from gasless.localnet.owner import owner_call
 from gasless.relay.checks import presence_message
 from gasless.settings import Settings

@@ -22,7 +22,7 @@ from redis import Redis
 
 from gasless.app import create_app
 from gasless.client.native_auth import make_native_auth_token
-from gasless.limits import Rate, RouteLimitTable
+from gasless.limits.buckets import Rate, RouteLimitTable
 from gasless.settings import Settings
 
 SLOW = 0.001  # tokens per second: nothing refills during a test

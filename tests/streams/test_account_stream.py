@@ -198,7 +198,7 @@ def test_ticket_opens_one_stream_and_forbidden_stranger(served: Any, sse: Any, t
 def test_concurrent_streams_are_limited_per_account_by_class(served: Any, sse: Any, problem: Any) -> None:
     import dataclasses
 
-    from gasless.limits import RouteLimitTable
+    from gasless.limits.buckets import RouteLimitTable
 
     table = dataclasses.replace(RouteLimitTable(), stream_class={c: 1 for c in range(1, 7)}, stream_ip=5)
     server, _env, auth = served(route_limits=table, **KEEPALIVE)

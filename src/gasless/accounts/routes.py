@@ -14,7 +14,7 @@ from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
 from gasless.http.caching import ACCOUNT_MIRROR_CACHE, cached_json
 from gasless.http.pages import PageQuery, WindowQuery
-from gasless.route_limits import PUBLIC_READ
+from gasless.limits.route_classes import PUBLIC_READ
 
 router = APIRouter(tags=["accounts"])
 ErdPath = Annotated[str, Path(max_length=100)]

@@ -22,10 +22,10 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.billing.entitlement import BillingEntitlement
-from gasless.billing.limiter import AccountLimiter
 from gasless.db import reservations
 from gasless.errors import ApiError
-from gasless.limits import Decision, Rate, Take
+from gasless.limits.accounts import AccountLimiter
+from gasless.limits.buckets import Decision, Rate, Take
 from gasless.relay.entitlement import EntitlementDecision
 
 DAY_MS = 86_400_000

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from gasless.http.caching import cached_json
 from gasless.http.pages import PageQuery, WindowQuery
 from gasless.incidents.schemas import Incident, IncidentsPage, IncidentStatus
-from gasless.route_limits import PUBLIC_READ
+from gasless.limits.route_classes import PUBLIC_READ
 
 router = APIRouter(tags=["incidents"])
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Path, Request, Response
 from gasless.auth.actions import CHALLENGE_HEADER, SIGNATURE_HEADER
 from gasless.auth.deps import AccountRead, AccountRevoke, AccountWrite
 from gasless.keys.schemas import ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyList, ApiKeyUpdate
-from gasless.route_limits import Caller, account_rate
+from gasless.limits.route_classes import Caller, account_rate
 
 router = APIRouter(tags=["keys"])
 KeyIdPath = Annotated[str, Path(max_length=64, description="the key's public id")]

@@ -17,7 +17,7 @@ from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubk
 from gasless.chain.codec import signing_bytes, tx_hash, verify_ed25519
 from gasless.chain.network import NetworkView
 from gasless.errors import ApiError
-from gasless.limits import Decision, RouteLimiter, local_route_limiter
+from gasless.limits.buckets import Decision, RouteLimiter, local_route_limiter
 from gasless.relay.checks import parse_transaction, presence_message
 from gasless.relay.leases import LeaseCodec, LeaseKind
 from gasless.relay.relayers import RelayerInfo, RelayerPool

@@ -17,6 +17,7 @@ from gasless.auth.deps import OptionalBearer, RelaySponsorKey
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
 from gasless.http.caching import NETWORK_CACHE, cached_json, intent_cache_control
+from gasless.limits.route_classes import ASSIGN_IP, PUBLIC_READ, QUOTE, RELAY_EVENTS, record
 from gasless.relay.checks import MAX_BODY_BYTES
 from gasless.relay.intents import TERMINAL, intent_from_row, rejected_intent
 from gasless.relay.schemas import (
@@ -31,7 +32,6 @@ from gasless.relay.schemas import (
     ValidateRequest,
     ValidateResponse,
 )
-from gasless.route_limits import ASSIGN_IP, PUBLIC_READ, QUOTE, RELAY_EVENTS, record
 
 STREAM_LIFETIME_MS = 120_000
 STREAM_POLL_S = 0.5  # re-read the row this often: changes made on the other host reach the stream too

@@ -23,7 +23,7 @@ from gasless.chain.codec import tx_hash, tx_to_wire, verify_ed25519
 from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
 from gasless.errors import ApiError
-from gasless.limits import Decision
+from gasless.limits.buckets import Decision
 from gasless.relay.assign import AssignService
 from gasless.relay.checks import (
     ChainState,

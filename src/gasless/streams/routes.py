@@ -21,7 +21,7 @@ from gasless.auth.deps import (
     refuse_url_credentials,
 )
 from gasless.errors import ApiError
-from gasless.route_limits import Caller, account_rate, account_streams
+from gasless.limits.route_classes import Caller, account_rate, account_streams
 from gasless.streams.schemas import (
     RESET,
     TOPICS,

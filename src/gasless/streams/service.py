@@ -115,7 +115,7 @@ def build_stream_service(settings: Any, keys: Any, redis: Any, boot_epoch_ms: in
     """The host's streams: tickets and fan-out through Redis when configured, else within this process."""
     from redis.asyncio import Redis
 
-    from gasless.limits_redis import redis_namespace
+    from gasless.limits.redis_backend import redis_namespace
     from gasless.streams.tickets import LocalUsedTickets, RedisUsedTickets, UsedTickets
 
     hub = StreamHub(coalesce_ms=settings.stream_coalesce_ms)

@@ -11,7 +11,7 @@ from gasless.auth.deps import AccountAccess, ApiKeyHeader, AuthorizationHeader, 
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
 from gasless.http.pages import PageQuery
-from gasless.route_limits import Caller, account_rate, enforce
+from gasless.limits.route_classes import Caller, account_rate, enforce
 from gasless.streams.service import AccountRateClass
 from gasless.usage.repository import UsageFilters, UsageRepository
 from gasless.usage.schemas import (

@@ -10,7 +10,7 @@ from gasless.auth.deps import AccountRead, AccountWrite
 from gasless.errors import ApiError
 from gasless.http.idempotency import idempotent
 from gasless.http.pages import PageQuery
-from gasless.route_limits import Caller, account_rate
+from gasless.limits.route_classes import Caller, account_rate
 from gasless.webhooks.schemas import (
     Webhook,
     WebhookCreate,

@@ -20,7 +20,7 @@ from typing import Any
 import structlog
 
 from gasless.errors import ApiError
-from gasless.limits import Decision, MultiDecision, Rate, RateLimiter, Take
+from gasless.limits.buckets import Decision, MultiDecision, Rate, RateLimiter, Take
 
 log = structlog.get_logger("gasless.billing")
 

@@ -22,7 +22,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gasless.limits import (
+from gasless.limits.buckets import (
     Decision,
     LocalConcurrencyLimiter,
     LocalRateLimiter,
@@ -34,7 +34,7 @@ from gasless.limits import (
     concurrency_decision,
 )
 
-log = structlog.get_logger("gasless.limits")
+log = structlog.get_logger("gasless.limits.buckets")
 
 # KEYS[1] bucket; ARGV: per_second, burst, cost, now_ms ("" = Redis TIME). Returns {allowed, tokens}.
 _TAKE = """

@@ -25,7 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gasless.auth.native_auth import NativeAuthError
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
-from gasless.limits import Decision, RouteLimiter
+from gasless.limits.buckets import Decision, RouteLimiter
 
 STATE_KEY = "rate_limit"
 
