@@ -14,8 +14,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from gasless.cli_admin import register as register_admin
-from gasless.cli_relay import relay_app
+from gasless.cli.admin import register as register_admin
+from gasless.cli.relay import relay_app
 from gasless.logs import configure_logging
 
 app = typer.Typer(
@@ -225,6 +225,3 @@ def errors(
 def main() -> None:
     app()
 
-
-if __name__ == "__main__":
-    main()

@@ -284,7 +284,7 @@ def verify_proof_command(
 
 def register(app: typer.Typer) -> None:
     """Add `gasless admin ...` (with `gasless admin incident ...`) and `gasless verify-proof`."""
-    from gasless.cli_incidents import incident_app
+    from gasless.cli.incidents import incident_app
 
     admin_app.add_typer(incident_app, name="incident")
     app.add_typer(admin_app, name="admin")
