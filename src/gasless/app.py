@@ -49,9 +49,10 @@ from gasless.logs import quiet_sdk_loggers
 from gasless.metrics import HostCollector, MeteredIntentBus, MetricsMiddleware
 from gasless.mirror.follower import MIRROR_ROLE, MirrorFollower
 from gasless.mirror.repository import MirrorRepository
+from gasless.mirror.views import ContractMirror
 from gasless.relay import routes as relay_routes
 from gasless.relay.assign import AssignService
-from gasless.relay.entitlement import ContractMirror, Entitlement
+from gasless.relay.entitlement import Entitlement
 from gasless.relay.events import IntentBus
 from gasless.relay.jobs import Broadcaster, Retention, Tracker
 from gasless.relay.leases import LeaseCodec

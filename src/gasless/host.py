@@ -32,8 +32,8 @@ from gasless.limits.buckets import RouteLimiter
 from gasless.metrics import HostMetrics
 from gasless.mirror.follower import MirrorFollower
 from gasless.mirror.repository import MirrorRepository
+from gasless.mirror.views import ContractMirror
 from gasless.relay.assign import AssignService
-from gasless.relay.entitlement import ContractMirror
 from gasless.relay.events import IntentBus
 from gasless.relay.jobs import Broadcaster, Retention, Tracker
 from gasless.relay.quote import QuoteService

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gasless.relay.entitlement import _Cached
+from gasless.mirror.views import _Cached
 
 
 class Loader:

@@ -15,6 +15,8 @@ contract's RU price and capped by `max_payg_price` (PAYG_PRICE_ABOVE_MAX).
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -24,14 +26,10 @@ from multiversx_sdk import Transaction
 
 from gasless.billing.schedule import RU_SCHEDULE_V1, ru_for_gas_limit
 from gasless.chain.addresses import address_of
+from gasless.chain.calls import function_of
 from gasless.errors import ApiError
-from gasless.relay.entitlement import (
-    DEPOSIT_FUNCTIONS,
-    ContractMirror,
-    EntitlementDecision,
-    function_of,
-    payment_required_header,
-)
+from gasless.mirror.views import ContractMirror
+from gasless.relay.entitlement import EntitlementDecision
 
 PERIOD_MS = 2_592_000_000  # a plan period: 30 days (the contract's MONTH_MS)
 MAX_DATA_BYTES_SELF_SERVE = 4_096
@@ -39,6 +37,7 @@ BUILDER_TIER_NAME = b"Builder"
 # Token transfers that only the sender's own plan (or a plan naming the sender) may pay for.
 NON_FUNGIBLE_TRANSFERS = frozenset({"ESDTNFTTransfer", "MultiESDTNFTTransfer"})
 _ZERO = bytes(32)
+DEPOSIT_FUNCTIONS = frozenset({"deposit", "depositFor", "depositAndSubscribe"})
 
 
 def period_of(start_ms: int, end_ms: int, now_ms: int) -> int | None:
@@ -315,3 +314,22 @@ def _ru_of(tx: Transaction) -> int:
 
 def bech32_of(raw: Any) -> str:
     return address_of(bytes(raw)).to_bech32()
+
+
+def payment_required_header(sender: str, *, chain_id: str, base_url: str, payment_token: str) -> str:
+    """The x402 `PAYMENT-REQUIRED` header (base64 JSON) pointing the transaction's sender at a top-up."""
+    document = {
+        "x402Version": 2,
+        "error": "NO_ENTITLEMENT",
+        "resource": {"url": f"{base_url}/v1/x402/topup", "method": "POST"},
+        "accepts": [
+            {
+                "scheme": "exact",
+                "network": f"mvx:{chain_id}",
+                "asset": payment_token,
+                "payTo": None,
+                "extra": {"beneficiary": sender},
+            }
+        ],
+    }
+    return base64.b64encode(json.dumps(document, separators=(",", ":")).encode()).decode()

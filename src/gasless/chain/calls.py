@@ -46,3 +46,26 @@ def contract_call(
     if relayer is not None:
         tx.relayer = relayer
     return tx
+
+
+def function_of(tx: Transaction) -> str:
+    """The contract function a call reaches, looking through a token transfer's envelope."""
+    if not tx.data:
+        return ""
+    parts = tx.data.split(b"@")
+    head = parts[0].decode("ascii", "replace")
+    try:
+        if head == "ESDTTransfer" and len(parts) >= 4:  # ESDTTransfer@token@amount@function@args...
+            return bytes.fromhex(parts[3].decode("ascii")).decode("ascii", "replace")
+        if head == "ESDTNFTTransfer" and len(parts) >= 6:  # ...@token@nonce@amount@destination@function
+            return bytes.fromhex(parts[5].decode("ascii")).decode("ascii", "replace")
+        if head == "MultiESDTNFTTransfer" and len(parts) >= 3:  # @dest@count@(token@nonce@amount)*@function
+            index = 3 + 3 * int(parts[2].decode("ascii"), 16)
+            return (
+                bytes.fromhex(parts[index].decode("ascii")).decode("ascii", "replace")
+                if len(parts) > index
+                else ""
+            )
+    except ValueError:
+        return ""
+    return head

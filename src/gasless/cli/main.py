@@ -224,4 +224,3 @@ def errors(
 
 def main() -> None:
     app()
-

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from gasless.billing.schedule import RU_SCHEDULE_VERSION, ru_for_gas_limit
+from gasless.chain.calls import function_of
 from gasless.chain.gas import is_guarded
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
 from gasless.errors import ApiError
+from gasless.mirror.views import ContractMirror
 from gasless.relay.checks import gas_limit_problem, parse_transaction
-from gasless.relay.entitlement import ContractMirror, function_of
 from gasless.relay.schemas import RelayQuote
 
 
