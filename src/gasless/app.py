@@ -23,6 +23,7 @@ from gasless.auth.actions import ActionSignatures
 from gasless.auth.native_auth import NativeAuthVerifier
 from gasless.auth.origins import OriginMiddleware, OriginPolicy
 from gasless.auth.roles import AccountRoles
+from gasless.billing.decision import Entitlement
 from gasless.billing.entitlement import AdmissionPolicy, BillingEntitlement
 from gasless.billing.gate import BillingGate, FreeFlowLimits
 from gasless.billing.unbilled import UnbilledEntitlement
@@ -52,7 +53,6 @@ from gasless.mirror.repository import MirrorRepository
 from gasless.mirror.views import ContractMirror
 from gasless.relay import routes as relay_routes
 from gasless.relay.assign import AssignService
-from gasless.relay.entitlement import Entitlement
 from gasless.relay.events import IntentBus
 from gasless.relay.jobs import Broadcaster, Retention, Tracker
 from gasless.relay.leases import LeaseCodec

@@ -24,12 +24,12 @@ from typing import Any
 
 from multiversx_sdk import Transaction
 
+from gasless.billing.decision import EntitlementDecision
 from gasless.billing.schedule import RU_SCHEDULE_V1, ru_for_gas_limit
 from gasless.chain.addresses import address_of
 from gasless.chain.calls import function_of
 from gasless.errors import ApiError
 from gasless.mirror.views import ContractMirror
-from gasless.relay.entitlement import EntitlementDecision
 
 PERIOD_MS = 2_592_000_000  # a plan period: 30 days (the contract's MONTH_MS)
 MAX_DATA_BYTES_SELF_SERVE = 4_096

@@ -21,12 +21,12 @@ from multiversx_sdk import Transaction
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gasless.billing.decision import EntitlementDecision
 from gasless.billing.entitlement import BillingEntitlement
 from gasless.db import reservations
 from gasless.errors import ApiError
 from gasless.limits.accounts import AccountLimiter
 from gasless.limits.buckets import Decision, Rate, Take
-from gasless.relay.entitlement import EntitlementDecision
 
 DAY_MS = 86_400_000
 MONTH_MS = 30 * DAY_MS

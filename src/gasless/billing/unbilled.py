@@ -7,7 +7,7 @@ from typing import Any
 
 from multiversx_sdk import Transaction
 
-from gasless.relay.entitlement import EntitlementDecision
+from gasless.billing.decision import EntitlementDecision
 
 
 class UnbilledEntitlement:

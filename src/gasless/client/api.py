@@ -11,7 +11,6 @@ import asyncio
 import json as jsonlib
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 from urllib.parse import quote
@@ -24,42 +23,10 @@ from gasless.client.flow import SendResult, send_flow
 from gasless.client.follow import follow_intent
 from gasless.client.keys import TxSigner, presence_proof
 from gasless.client.problems import RelayProblem
+from gasless.client.results import RelayResult
 
 DEFAULT_TIMEOUT_S = 30.0
 _RETRYABLE_ASSIGN_ATTEMPTS = 3
-
-
-@dataclass(frozen=True)
-class RelayResult:
-    """A 200 (`BROADCAST` or later) or 202 (`COSIGNED`) answer of `POST /v1/relay`."""
-
-    status: int
-    body: dict[str, Any]
-    request_id: str | None = None
-
-    @property
-    def id(self) -> str:
-        return str(self.body["id"])
-
-    @property
-    def tx_hash(self) -> str:
-        return str(self.body["txHash"])
-
-    @property
-    def state(self) -> str:
-        return str(self.body["state"])
-
-    @property
-    def duplicate(self) -> bool:
-        return bool(self.body.get("duplicate"))
-
-    @property
-    def relayer(self) -> str | None:
-        return self.body.get("relayer")
-
-    @property
-    def intent(self) -> dict[str, Any]:
-        return dict(self.body.get("intent") or {})
 
 
 class RelayClient:

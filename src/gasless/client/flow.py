@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import aiohttp
 from multiversx_sdk import Transaction
@@ -26,9 +26,34 @@ from multiversx_sdk import Transaction
 from gasless.client.build import BuildContext, TxBuilder
 from gasless.client.keys import TxSigner
 from gasless.client.problems import RelayProblem
+from gasless.client.results import RelayResult
 
-if TYPE_CHECKING:
-    from gasless.client.api import RelayClient, RelayResult
+
+class RelayCalls(Protocol):
+    """The calls of `RelayClient` the flow makes (the client passes itself)."""
+
+    async def network_chain_id(self) -> str: ...
+
+    async def assign(
+        self,
+        signer: TxSigner,
+        *,
+        renew_for: Transaction | Mapping[str, Any] | None = None,
+        cancel: int | None = None,
+        kind: str = "key",
+        bearer: str | None = None,
+    ) -> dict[str, Any]: ...
+
+    async def relay(
+        self,
+        tx: Transaction | Mapping[str, Any],
+        lease: str,
+        *,
+        intent_key: str | None = None,
+        api_key: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> RelayResult: ...
+
 
 MAX_SINGLE_WAIT_S = 10.0
 
@@ -79,7 +104,7 @@ def sign_built(signer: TxSigner, builder: TxBuilder, ctx: BuildContext) -> Trans
 
 
 async def send_flow(
-    client: RelayClient,
+    client: RelayCalls,
     signer: TxSigner,
     builder: TxBuilder,
     *,

@@ -16,7 +16,7 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 from urllib.parse import quote
 
 import aiohttp
@@ -24,8 +24,17 @@ import aiohttp
 from gasless.client.problems import RelayProblem
 from gasless.client.sse import SSEParser
 
-if TYPE_CHECKING:
-    from gasless.client.api import RelayClient
+
+class IntentReads(Protocol):
+    """The parts of `RelayClient` that following an intent uses (the client passes itself)."""
+
+    @property
+    def session(self) -> aiohttp.ClientSession: ...
+
+    def url(self, path: str) -> str: ...
+
+    async def intent(self, ident: str) -> dict[str, Any]: ...
+
 
 FINAL_STATES = ("FINALIZED", "DEAD", "REJECTED")
 KEEPALIVE_READ_S = 45.0  # the server sends a comment every 15 s; three missed ones mean a dead connection
@@ -47,7 +56,7 @@ def _newer(event_id: str, last_id: str | None) -> bool:
 class _Stream:
     """One connection to the event stream; remembers the last event id and the server's retry hint."""
 
-    def __init__(self, client: RelayClient, ident: str, last_id: str | None, read_timeout_s: float) -> None:
+    def __init__(self, client: IntentReads, ident: str, last_id: str | None, read_timeout_s: float) -> None:
         self.client = client
         self.ident = ident
         self.last_id = last_id
@@ -83,7 +92,7 @@ class _Stream:
 
 
 async def follow_intent(
-    client: RelayClient,
+    client: IntentReads,
     ident: str,
     *,
     poll_interval_s: float = 1.0,

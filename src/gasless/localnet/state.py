@@ -6,12 +6,17 @@ import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from gasless.chain.addresses import shard_of_pubkey
 
-if TYPE_CHECKING:
-    from gasless.localnet.vm import Contract
+
+class ContractCode(Protocol):
+    """What the world state needs of a contract model (`gasless.localnet.vm.Contract`): its state, which a
+    dry run's journal copies and restores."""
+
+    name: str
+    state: Any
 
 
 @dataclass
@@ -29,7 +34,7 @@ class Account:
     esdt: dict[str, int] = field(default_factory=dict)
     guardian: Guardian | None = None
     username: str = ""
-    contract: Contract | None = None
+    contract: ContractCode | None = None
     owner: bytes | None = None  # contract owner
 
     @property

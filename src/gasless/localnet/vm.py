@@ -11,10 +11,9 @@ of a contract and events are requested through the `CallContext` and applied onl
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from gasless.localnet.state import WorldState
+from gasless.localnet.state import ContractCode, WorldState
 
 EGLD = "EGLD"
 
@@ -161,11 +160,9 @@ class NestedCaller(Protocol):
     ) -> list[bytes]: ...
 
 
-class Contract(Protocol):
-    """A contract model executed by localnet."""
-
-    name: str
-    state: Any  # deep-copied before each call and restored on failure
+class Contract(ContractCode, Protocol):
+    """A contract model executed by localnet; its `state` is deep-copied before each call and restored on
+    failure."""
 
     def gas_cost(self, function: str) -> int:
         """Processing gas the call consumes beyond the movement gas (fails with `not enough gas` if short)."""

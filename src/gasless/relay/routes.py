@@ -32,6 +32,7 @@ from gasless.relay.schemas import (
     ValidateRequest,
     ValidateResponse,
 )
+from gasless.relay.validate import validate_submission
 
 STREAM_LIFETIME_MS = 120_000
 STREAM_POLL_S = 0.5  # re-read the row this often: changes made on the other host reach the stream too
@@ -277,7 +278,7 @@ async def quote(request: Request, body: QuoteRelayRequest) -> RelayQuote:
 )
 async def validate(request: Request) -> ValidateResponse:
     raw = await read_body(request)
-    return await _host(request).relay.validate(raw)
+    return await validate_submission(_host(request).relay, raw)
 
 
 # Schemas referenced only through openapi_extra must still be registered as components.

@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 from multiversx_sdk import Transaction
 
+from gasless.billing.decision import Entitlement, EntitlementDecision
 from gasless.billing.gate import BillingGate
 from gasless.chain.addresses import shard_of_pubkey
 from gasless.chain.codec import tx_hash, tx_to_wire, verify_ed25519
@@ -36,13 +37,12 @@ from gasless.relay.checks import (
     parse_relay_body,
     static_checks,
 )
-from gasless.relay.entitlement import Entitlement, EntitlementDecision
 from gasless.relay.intents import intent_from_row
 from gasless.relay.jobs import Broadcaster, Tracker
 from gasless.relay.leases import Lease, LeaseCodec, LeaseInvalid
 from gasless.relay.relayers import RelayerPool
 from gasless.relay.repository import CommitConflict, IntentRepository, Rec, SenderView
-from gasless.relay.schemas import BillingInfo, RelayResponse, ValidateResponse
+from gasless.relay.schemas import BillingInfo, RelayResponse
 from gasless.relay.simulation import simulate_or_refuse
 from gasless.relay.state_checks import state_checks
 from gasless.signer import Signer, SignerError, sign_with_deadline
@@ -484,9 +484,3 @@ class RelayService:
         task = asyncio.create_task(write())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-
-    async def validate(self, raw: bytes) -> ValidateResponse:
-        """Every problem relay would return, without signing, storing or sending anything."""
-        from gasless.relay.validate import validate_submission  # validate builds on this service
-
-        return await validate_submission(self, raw)

@@ -6,17 +6,13 @@ stage are all listed.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from gasless.chain.codec import tx_hash
 from gasless.errors import ApiError, problem_document
 from gasless.relay.checks import ParsedRelay, all_failures, parse_json_body, parse_relay_body
 from gasless.relay.leases import Lease
 from gasless.relay.schemas import ValidateProblem, ValidateResponse
+from gasless.relay.service import RelayService
 from gasless.signer import SignerError
-
-if TYPE_CHECKING:
-    from gasless.relay.service import RelayService
 
 
 async def validate_submission(self: RelayService, raw: bytes) -> ValidateResponse:

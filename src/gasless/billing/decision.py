@@ -1,4 +1,4 @@
-"""Who pays for a relay: the `Entitlement` seam and its decision.
+"""Who pays for a relay: the `Entitlement` seam the relay core calls, and its decision.
 
 The billing implementation of the seam is `gasless.billing.entitlement.BillingEntitlement`.
 """
