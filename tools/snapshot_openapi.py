@@ -1,4 +1,4 @@
-"""Refresh tests/openapi_snapshot.json from the document the app serves at /openapi.json.
+"""Refresh tests/http/openapi_snapshot.json from the document the app serves at /openapi.json.
 
 Run it after a deliberate change of the API contract (an operation, its id, security or statuses, a
 schema name, a security scheme), review the printed differences, and commit the file with the change.
@@ -15,7 +15,7 @@ from gasless.app import create_app
 from gasless.http.openapi import contract_snapshot, snapshot_differences
 from gasless.settings import Settings
 
-SNAPSHOT = Path(__file__).resolve().parent.parent / "tests" / "openapi_snapshot.json"
+SNAPSHOT = Path(__file__).resolve().parent.parent / "tests" / "http" / "openapi_snapshot.json"
 
 
 def current_snapshot() -> dict[str, object]:

@@ -374,7 +374,7 @@ def install_openapi(app: FastAPI, extra_models: Iterable[type[BaseModel]] = ()) 
         return JSONResponse(openapi())
 
 
-# The committed snapshot (tests/openapi_snapshot.json, refreshed by tools/snapshot_openapi.py) ------------
+# The committed snapshot (tests/http/openapi_snapshot.json, refreshed by tools/snapshot_openapi.py) ------------
 SNAPSHOT_REFRESH = ".venv/bin/python tools/snapshot_openapi.py"
 
 
