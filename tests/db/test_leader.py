@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gasless.db.leader import SingletonRunner, asyncpg_dsn, lock_key
+from gasless.db.leader import LOCK_NAMESPACE, SingletonRunner, asyncpg_dsn, lock_key
 
 
 class FakeWorker:
@@ -38,16 +40,46 @@ def runner(url: str, host_id: str, worker: FakeWorker, **kwargs: object) -> Sing
     return r
 
 
-@pytest.mark.postgres
-async def test_one_holder_then_takeover_when_the_holder_session_ends(postgres_url: str) -> None:
+@pytest.fixture
+def other_database_url(postgres_server_url: str) -> Iterator[str]:
+    """A second database on the same server: another deployment sharing the PostgreSQL server."""
+    name = f"gasless_other_{uuid.uuid4().hex[:12]}"
+    asyncio.run(_exec(postgres_server_url, f'CREATE DATABASE "{name}"'))
+    try:
+        yield f"{postgres_server_url.rsplit('/', 1)[0]}/{name}"
+    finally:
+        asyncio.run(_exec(postgres_server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+async def _exec(url: str, sql: str) -> None:
     import asyncpg
+
+    conn = await asyncpg.connect(asyncpg_dsn(url))
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+@pytest.mark.postgres
+async def test_one_holder_then_takeover_when_the_holder_session_ends(
+    postgres_url: str, other_database_url: str
+) -> None:
+    import asyncpg
+
+    # Another deployment on the same server holds the very same advisory key in its own database, from
+    # before this test's hosts start: the test must neither find nor terminate its backend.
+    scope = "test:localnet"
+    other = await asyncpg.connect(asyncpg_dsn(other_database_url))
+    await other.execute("SELECT pg_advisory_lock($1, $2)", LOCK_NAMESPACE, lock_key(f"{scope}:retention"))
+    other_pid = await other.fetchval("SELECT pg_backend_pid()")
 
     changes: list[tuple[str, str, bool]] = []
     wa, wb = FakeWorker(), FakeWorker()
     a = runner(postgres_url, "a", wa, on_change=lambda role, leads: changes.append(("a", role, leads)))
     b = runner(postgres_url, "b", wb)
     await a.start()
-    await until(lambda: a.leads("retention"))
+    await until(lambda: a.leads("retention"))  # advisory locks are per database: the other one is no rival
     await b.start()
     await until(lambda: b.leads("host:b"))  # b is connected and holds its presence lock
     assert a.leadership() == {"retention": True} and b.leadership() == {"retention": False}
@@ -56,14 +88,19 @@ async def test_one_holder_then_takeover_when_the_holder_session_ends(postgres_ur
     assert changes == [("a", "retention", True)]
 
     # The holder's session ends (the server kills it, as when the host dies): its worker stops at once,
-    # before any reconnection, and b takes the role over.
+    # before any reconnection, and b takes the role over. The holder is looked up in this test's own
+    # database only.
     admin = await asyncpg.connect(asyncpg_dsn(postgres_url))
     try:
-        holder = await admin.fetchval(
-            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objid = $1::bigint::oid",
-            lock_key("test:localnet:retention"),
+        holders = await admin.fetch(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+            " AND classid = $1::bigint::oid AND objid = $2::bigint::oid AND objsubid = 2",
+            LOCK_NAMESPACE,
+            lock_key(f"{scope}:retention"),
         )
-        await admin.execute("SELECT pg_terminate_backend($1)", holder)
+        assert len(holders) == 1 and holders[0]["pid"] != other_pid
+        await admin.execute("SELECT pg_terminate_backend($1)", holders[0]["pid"])
     finally:
         await admin.close()
     await until(lambda: not wa.running)
@@ -81,6 +118,9 @@ async def test_one_holder_then_takeover_when_the_holder_session_ends(postgres_ur
     assert wa.running and await a.present(["a", "b"]) == {"a"}
     await a.stop()
     assert not wa.running
+    # The other deployment's session was never touched and still holds its lock.
+    assert await other.fetchval("SELECT pg_backend_pid()") == other_pid
+    await other.close()
 
 
 @pytest.mark.postgres
