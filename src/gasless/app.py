@@ -123,7 +123,7 @@ async def _start_relay_core(
     await relayers.start()
     state.relayers = relayers
     leases = LeaseCodec(state.keys)
-    repo = IntentRepository(state.engine)
+    repo = state.repo or IntentRepository(state.engine)
     bus: IntentBus = MeteredIntentBus(state.metrics)
     if state.webhook_recorder is not None:
         bus.listen(state.webhook_recorder.observe)
@@ -363,6 +363,9 @@ def create_app(
         startup: asyncio.Task[None] | None = None
         try:
             await upgrade(state.engine)
+            # The intents are readable before the relay core starts: a replay of bytes another host
+            # co-signed is answered from here while this host is still starting (relay/replay.py).
+            state.repo = IntentRepository(state.engine)
             state.api_key_service = ApiKeyService(ApiKeyRepository(state.engine), state.keys)
             state.streams = build_stream_service(settings, state.keys, state.redis, state.boot_epoch_ms)
             await state.streams.start()

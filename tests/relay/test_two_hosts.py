@@ -102,6 +102,9 @@ class Cluster:
     owner: Any
     hosts: dict[str, Host] = field(default_factory=dict)
     secrets: list[str] = field(default_factory=list)  # values no log line may contain
+    database_url: str = ""
+    redis_url: str = ""
+    tmp: Path = Path()
 
     def grant(self, key: UserSecretKey) -> None:
         address = address_of(key.generate_public_key().buffer)
@@ -124,19 +127,30 @@ class Cluster:
         raise AssertionError(f"{wanted} is not a localnet relayer")
 
 
-def _spawn_host(cluster: Cluster, tmp: Path, host_id: str, database_url: str, redis_url: str) -> Host:
+def _spawn_host(
+    cluster: Cluster,
+    tmp: Path,
+    host_id: str,
+    database_url: str,
+    redis_url: str,
+    *,
+    gateway: str | None = None,
+    name: str | None = None,
+) -> Host:
+    """A `gasless serve` process, ready; with another `gateway` (one that does not answer) it stays starting
+    and is returned as soon as it serves `/healthz`."""
     port, metrics_port = free_port(), free_port()
-    log_path = tmp / f"host-{host_id}.log"
+    log_path = tmp / f"host-{name or host_id}.log"
     info = cluster.info
     env = {
         **os.environ,
         "GASLESS_PROFILE": "localnet",
         "GASLESS_HOST_ID": host_id,
         "GASLESS_MASTER_SECRET": MASTER_SECRET,
-        "GASLESS_GATEWAY_URLS": json.dumps([cluster.gateway]),
+        "GASLESS_GATEWAY_URLS": json.dumps([gateway or cluster.gateway]),
         "GASLESS_DATABASE_URL": database_url,
         "GASLESS_REDIS_URL": redis_url,
-        "GASLESS_DATA_DIR": str(tmp / f"data-{host_id}"),
+        "GASLESS_DATA_DIR": str(tmp / f"data-{name or host_id}"),
         "GASLESS_CONTRACT_ADDRESS": info["contract"],
         "GASLESS_PAIR_ADDRESS": info["pair"],
         "GASLESS_WRAPPER_ADDRESS": info["wrapper"],
@@ -157,7 +171,10 @@ def _spawn_host(cluster: Cluster, tmp: Path, host_id: str, database_url: str, re
             stderr=log_file,
         )
     host = Host(host_id, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}", log_path, proc)
-    wait_until(lambda: host.get("/readyz").status_code == 200, f"host {host_id} ready")
+    if gateway is None:
+        wait_until(lambda: host.get("/readyz").status_code == 200, f"host {host_id} ready")
+    else:
+        wait_until(lambda: host.get("/healthz").status_code == 200, f"host {host_id} serving")
     return host
 
 
@@ -198,7 +215,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         )
         owner = load_or_create_wallet(Path(info["ownerPem"]).parent, "owner")
         asyncio.run(unpause(gateway, owner, info["contract"]))
-        cluster = Cluster(gateway, info, owner, secrets=[MASTER_SECRET])
+        cluster = Cluster(
+            gateway,
+            info,
+            owner,
+            secrets=[MASTER_SECRET],
+            database_url=database_url,
+            redis_url=redis_url,
+            tmp=tmp,
+        )
         # b first: it takes the singleton roles, which the last test moves by killing it.
         for host_id in ("b", "a"):
             host = _spawn_host(cluster, tmp, host_id, database_url, redis_url)
@@ -446,6 +471,47 @@ def test_metrics_on_the_admin_port_after_relays(cluster: Cluster) -> None:
     assert requests.get(f"{a.metrics}/healthz", timeout=5).status_code == 200
     assert requests.get(f"{a.metrics}/v1/network", timeout=5).status_code == 404
     assert a.get("/metrics").status_code == 404
+
+
+def test_a_starting_host_answers_a_replay_of_bytes_another_host_cosigned(cluster: Cluster) -> None:
+    """No error after the co-signature: b co-signed, and a host that cannot relay yet (its gateway does not
+    answer, so it stays starting) answers the retried bytes from the shared database."""
+    b = cluster.hosts["b"]
+    key, sender = new_sender(cluster)
+    assignment = assign(cluster, b, key, sender)
+    body = {"tx": signed(cluster, key, assignment).to_dictionary(), "lease": assignment["lease"]}
+    first = b.post("/v1/relay", body)
+    assert first.status_code in (200, 202), first.text
+    starting = _spawn_host(
+        cluster,
+        cluster.tmp,
+        "a",
+        cluster.database_url,
+        cluster.redis_url,
+        gateway=f"http://127.0.0.1:{free_port()}",  # nothing listens: the host never finishes starting
+        name="a-starting",
+    )
+    try:
+        ready = starting.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["status"] == "starting", ready.text
+        replay = starting.post("/v1/relay", body)
+        assert replay.status_code in (200, 202), replay.text
+        answer = replay.json()
+        assert answer["duplicate"] is True and answer["txHash"] == first.json()["txHash"]
+        assert answer["id"] == f"{sender}:0"
+        # Bytes no host co-signed get the error, and nothing is sent: the next nonce stays unused.
+        other = {
+            "tx": signed(cluster, key, assignment, nonce=1).to_dictionary(),
+            "lease": assignment["lease"],
+        }
+        refused = starting.post("/v1/relay", other)
+        assert refused.status_code == 503 and refused.json()["code"] == "UPSTREAM_UNAVAILABLE", refused.text
+        assert "Retry-After" in refused.headers
+        assert b.get(f"/v1/intents/{sender}/1").status_code == 404
+    finally:
+        _stop(starting.proc)
+    final = wait_state(b, first.json()["txHash"], "FINALIZED")
+    assert cluster.submissions(final["txHash"]) == 1
 
 
 def test_killing_the_leader_moves_the_singletons_and_the_survivor_finishes_its_intents(

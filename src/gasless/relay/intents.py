@@ -31,7 +31,10 @@ def latency(
         inclusionMs=inclusion,
         finalityMs=_diff(finalized, executed),
         totalMs=_diff(finalized, received),
-        roundsToInclusion=None if inclusion is None else max(0, math.ceil(inclusion / round_ms)),
+        # An unknown round duration (a host that has not reached the network yet) gives null, never a guess.
+        roundsToInclusion=None
+        if inclusion is None or round_ms <= 0
+        else max(0, math.ceil(inclusion / round_ms)),
     )
 
 

@@ -20,6 +20,7 @@ from gasless.http.caching import NETWORK_CACHE, cached_json, intent_cache_contro
 from gasless.limits.route_classes import ASSIGN_IP, PUBLIC_READ, QUOTE, RELAY_EVENTS, record
 from gasless.relay.checks import MAX_BODY_BYTES
 from gasless.relay.intents import TERMINAL, intent_from_row, rejected_intent
+from gasless.relay.replay import replay_while_starting
 from gasless.relay.schemas import (
     Assignment,
     AssignRequest,
@@ -113,6 +114,12 @@ async def relay(
     received_ms = int(time.time() * 1000)
     host = _host(request)
     raw = await read_body(request)
+    if host.relay_service is None or not host.restored:
+        round_ms = host.network.params.round_duration_ms if host.network is not None else 0
+        status, response = await replay_while_starting(
+            host.repo, raw, idempotency_key, round_ms=round_ms, now_ms=received_ms
+        )
+        return JSONResponse(response.model_dump(mode="json"), status_code=status)
     status, response = await host.relay.relay(
         raw,
         idempotency_key=idempotency_key,

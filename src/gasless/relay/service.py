@@ -63,6 +63,24 @@ class RelayConfig:
     contract: str | None = None
 
 
+def stored_response(row: Rec, round_ms: int, *, duplicate: bool) -> tuple[int, RelayResponse]:
+    """The answer stored for an intent: 202 while `COSIGNED`, else 200."""
+    intent = intent_from_row(row, round_ms)
+    billing = (
+        BillingInfo(**row.billing) if isinstance(row.billing, dict) else BillingInfo(authMode="signed_tx")
+    )
+    response = RelayResponse(
+        id=intent.id,
+        txHash=row.tx_hash,
+        state=intent.state,
+        duplicate=duplicate,
+        relayer=row.relayer,
+        intent=intent,
+        billing=billing,
+    )
+    return (202 if intent.state == "COSIGNED" else 200), response
+
+
 class RelayService:
     def __init__(
         self,
@@ -439,20 +457,7 @@ class RelayService:
         )
 
     def _stored_response(self, row: Rec, *, duplicate: bool) -> tuple[int, RelayResponse]:
-        intent = intent_from_row(row, self.network.params.round_duration_ms)
-        billing = (
-            BillingInfo(**row.billing) if isinstance(row.billing, dict) else BillingInfo(authMode="signed_tx")
-        )
-        response = RelayResponse(
-            id=intent.id,
-            txHash=row.tx_hash,
-            state=intent.state,
-            duplicate=duplicate,
-            relayer=row.relayer,
-            intent=intent,
-            billing=billing,
-        )
-        return (202 if intent.state == "COSIGNED" else 200), response
+        return stored_response(row, self.network.params.round_duration_ms, duplicate=duplicate)
 
     def _record_rejection(
         self,
