@@ -24,8 +24,9 @@ from gasless.auth.native_auth import NativeAuthVerifier
 from gasless.auth.origins import OriginMiddleware, OriginPolicy
 from gasless.auth.roles import AccountRoles
 from gasless.billing.decision import Entitlement
-from gasless.billing.entitlement import AdmissionPolicy, BillingEntitlement
+from gasless.billing.entitlement import BillingEntitlement
 from gasless.billing.gate import BillingGate, FreeFlowLimits
+from gasless.billing.policy import MAX_DATA_BYTES_SELF_SERVE, AdmissionPolicy
 from gasless.billing.unbilled import UnbilledEntitlement
 from gasless.chain.gateway import GatewayClient
 from gasless.chain.network import NetworkView
@@ -53,6 +54,7 @@ from gasless.mirror.repository import MirrorRepository
 from gasless.mirror.views import ContractMirror
 from gasless.relay import routes as relay_routes
 from gasless.relay.assign import AssignService
+from gasless.relay.checks import MAX_BODY_BYTES
 from gasless.relay.events import IntentBus
 from gasless.relay.jobs import Broadcaster, Retention, Tracker
 from gasless.relay.leases import LeaseCodec
@@ -137,7 +139,9 @@ async def _start_relay_core(
         chain_id=settings.network.chain_id,
         base_url=settings.network.api_base_url,
         payment_token=settings.network.payment_token,
-        policy=AdmissionPolicy.of(deploy=settings.billing_deploy_allowlist),
+        policy=AdmissionPolicy.of(
+            deploy=settings.billing_deploy_allowlist, data=settings.billing_data_allowlist
+        ),
     )
     entitlement: Entitlement = (
         entitlement_factory(mirror) if entitlement_factory is not None else billing_entitlement
@@ -185,6 +189,7 @@ async def _start_relay_core(
             signer_deadline_ms=settings.signer_deadline_ms,
             simulate=settings.simulate,
             contract=settings.network.contract_address,
+            data_limit=MAX_BODY_BYTES if settings.billing_data_allowlist else MAX_DATA_BYTES_SELF_SERVE,
         ),
         network=network,
         gateway=gateway,

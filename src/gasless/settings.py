@@ -140,6 +140,8 @@ class Settings(BaseSettings):
     billing_free_flow_platform_per_second: float = Field(default=20, gt=0)
     billing_free_flow_platform_burst: int = Field(default=100, ge=1)
     billing_deploy_allowlist: list[str] = Field(default_factory=list)
+    # Accounts whose relays may carry more than 4 096 bytes of data (up to what the body limit allows).
+    billing_data_allowlist: list[str] = Field(default_factory=list)
     # Automatic incidents (docs/incidents.md): the `platform_admission` incident is raised when the budget
     # above binds and resolved once it has not bound for `incident_quiet_ms`; the watcher of each host runs
     # every `incident_poll_ms` (at most one raise or touch per tick).

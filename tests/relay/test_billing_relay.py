@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from relay_kit import Sender, key_in_shard  # type: ignore[import-not-found]
 from sqlalchemy import create_engine, select
 
 from gasless.chain.addresses import address_of
@@ -192,19 +193,27 @@ def test_sponsor_key_pays_then_revoked(env: Any, problem: Any) -> None:
         "free": False,
     }
     stranger.nonce += 1
-    # NFT transfers are only paid by the sender's own plan or a plan naming the sender.
+    # NFT transfers are only paid by the sender's own plan or a plan naming the sender; a sponsor key pays
+    # for one only when its receiver list names the destination.
+    destination = env.new_sender(plan=False)
     nft = (
-        b"ESDTNFTTransfer@"
-        + b"NFT-abcdef".hex().encode()
-        + b"@01@01@"
-        + _addr(env.new_sender(plan=False)).to_hex().encode()
+        b"ESDTNFTTransfer@" + b"NFT-abcdef".hex().encode() + b"@01@01@" + _addr(destination).to_hex().encode()
     )
     assignment = env.assign(stranger)
     tx = env.build(stranger, assignment, receiver=stranger.address, data=nft)
     body = problem(
-        env.relay(tx, assignment["lease"], headers={"X-Api-Key": key.secret}), "SENDER_NOT_AUTHORIZED"
+        env.relay(tx, assignment["lease"], headers={"X-Api-Key": key.secret}), "RECEIVER_NOT_ALLOWED"
     )
-    assert body["details"] == {"reason": "token_transfer_needs_own_plan", "account": sponsor_account.address}
+    assert body["details"] == {
+        "reason": "token_transfer_needs_own_plan",
+        "receiver": destination.address,
+        "apiKeyId": key.keyId,
+    }
+    listing = _create_key(env, sponsor_account.address, allowedReceivers=[destination.address])
+    accepted = env.relay(tx, assignment["lease"], headers={"X-Api-Key": listing.secret})
+    assert accepted.status_code in (200, 202), accepted.text
+    assert accepted.json()["billing"]["authMode"] == "api_key"
+    stranger.nonce += 1
     # Revoked: the next relay with the key is refused (every host within 2 000 ms).
     _host_call(env, env.client.app.state.host.api_keys.revoke, sponsor_account.address, key.keyId)
     assignment = env.assign(stranger)
@@ -240,3 +249,23 @@ def test_key_as_bearer_refused(env: Any) -> None:
     tx = env.build(stranger, assignment)
     response = env.relay(tx, assignment["lease"], headers={"Authorization": f"Bearer {key.secret}"})
     assert response.status_code == 401 and response.json()["code"] == "API_KEY_INVALID", response.text
+
+
+def test_data_above_4096_bytes_only_for_allow_listed_accounts(make_env: Any, problem: Any) -> None:
+    """Spec: data above 4 096 bytes on a self-serve account is DATA_TOO_LARGE; more only by allow-list
+    (per paying account). Without any allow-listed account the static check refuses it (STATIC_CASES)."""
+    listed = Sender(key_in_shard(1))
+    env = make_env(billing_data_allowlist=[listed.address])
+    env.owner("grant", [_addr(listed), 3, 1])
+    other = env.new_sender()
+    data = b"a" * 5_000
+    assignment = env.assign(listed)
+    accepted = env.relay(env.build(listed, assignment, data=data), assignment["lease"])
+    assert accepted.status_code in (200, 202), accepted.text
+    final = env.wait_state(accepted.json()["txHash"], ("FINALIZED",))
+    assert final["outcome"] == "success"
+    assignment = env.assign(other)
+    refused = problem(
+        env.relay(env.build(other, assignment, data=data), assignment["lease"]), "DATA_TOO_LARGE"
+    )
+    assert refused["details"] == {"limit": 4_096, "actual": 5_000, "account": other.address}

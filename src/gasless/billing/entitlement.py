@@ -18,21 +18,20 @@ from __future__ import annotations
 import base64
 import json
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
 
 from multiversx_sdk import Transaction
 
 from gasless.billing.decision import EntitlementDecision
+from gasless.billing.policy import MAX_DATA_BYTES_SELF_SERVE, AdmissionPolicy
 from gasless.billing.schedule import RU_SCHEDULE_V1, ru_for_gas_limit
 from gasless.chain.addresses import address_of
-from gasless.chain.calls import function_of
+from gasless.chain.calls import function_of, transfer_destination
 from gasless.errors import ApiError
 from gasless.mirror.views import ContractMirror
 
 PERIOD_MS = 2_592_000_000  # a plan period: 30 days (the contract's MONTH_MS)
-MAX_DATA_BYTES_SELF_SERVE = 4_096
 BUILDER_TIER_NAME = b"Builder"
 # Token transfers that only the sender's own plan (or a plan naming the sender) may pay for.
 NON_FUNGIBLE_TRANSFERS = frozenset({"ESDTNFTTransfer", "MultiESDTNFTTransfer"})
@@ -54,18 +53,6 @@ def is_deploy_or_upgrade(tx: Transaction) -> bool:
     if bytes(receiver) == _ZERO:  # a deployment goes to the zero address
         return True
     return (tx.data or b"").split(b"@", 1)[0] == b"upgradeContract"
-
-
-@dataclass(frozen=True)
-class AdmissionPolicy:
-    """Operator settings of the admission policy (allow-lists are per account)."""
-
-    deploy_allowlist: frozenset[str] = frozenset()
-    data_allowlist: frozenset[str] = frozenset()
-
-    @classmethod
-    def of(cls, deploy: Iterable[str] = (), data: Iterable[str] = ()) -> AdmissionPolicy:
-        return cls(frozenset(deploy), frozenset(data))
 
 
 class BillingEntitlement:
@@ -118,8 +105,9 @@ class BillingEntitlement:
     ) -> EntitlementDecision:
         account = sponsor.account
         policy = sponsor.policy
-        receiver = tx.receiver.to_bech32()
-        if policy.allowedReceivers is not None and receiver not in policy.allowedReceivers:
+        receiver = transfer_destination(tx)
+        listed = policy.allowedReceivers is not None and receiver in policy.allowedReceivers
+        if policy.allowedReceivers is not None and not listed:
             raise ApiError(
                 "RECEIVER_NOT_ALLOWED",
                 detail=f"this API key does not pay for transactions to {receiver}; add it to the key's "
@@ -127,14 +115,20 @@ class BillingEntitlement:
                 details={"receiver": receiver, "apiKeyId": sponsor.key_id},
             )
         head = (tx.data or b"").split(b"@", 1)[0].decode("ascii", "replace")
-        if head in NON_FUNGIBLE_TRANSFERS and sender != account:
+        if head in NON_FUNGIBLE_TRANSFERS and sender != account and not listed:
+            # Paid by the sender's own plan or one naming the sender; a sponsor key only for a destination
+            # its receiver list names (spec: RECEIVER_NOT_ALLOWED).
             owner_of_sender = await self.mirror.paying_account(sender)
             if owner_of_sender is None or owner_of_sender[0] != account:
                 raise ApiError(
-                    "SENDER_NOT_AUTHORIZED",
-                    detail="NFT, SFT, Meta-ESDT and multi-token transfers are paid only by the sender's own "
-                    "plan or a plan naming the sender as an authorised sender",
-                    details={"reason": "token_transfer_needs_own_plan", "account": account},
+                    "RECEIVER_NOT_ALLOWED",
+                    detail="NFT, SFT, Meta-ESDT and multi-token transfers are paid by the sender's own plan "
+                    f"or a plan naming the sender; for this API key add {receiver} to its receiver list",
+                    details={
+                        "reason": "token_transfer_needs_own_plan",
+                        "receiver": receiver,
+                        "apiKeyId": sponsor.key_id,
+                    },
                 )
         key_limit = policy.limits.maxGasLimit
         if key_limit is not None and tx.gas_limit > key_limit:
@@ -234,6 +228,14 @@ class BillingEntitlement:
                 detail=f"gas limit {tx.gas_limit} is above rate class {rate_class}'s ceiling "
                 f"{int(limits.max_gas_limit)}",
                 details={"limit": int(limits.max_gas_limit), "actual": tx.gas_limit},
+            )
+        if len(tx.data or b"") > MAX_DATA_BYTES_SELF_SERVE and account not in self.policy.data_allowlist:
+            # Reached only when some account is allow-listed (else the static check refused it first).
+            raise ApiError(
+                "DATA_TOO_LARGE",
+                detail=f"data is {len(tx.data)} bytes; at most {MAX_DATA_BYTES_SELF_SERVE} on a self-serve "
+                "account (more only by allow-list)",
+                details={"limit": MAX_DATA_BYTES_SELF_SERVE, "actual": len(tx.data), "account": account},
             )
         if is_deploy_or_upgrade(tx) and account not in self.policy.deploy_allowlist:
             raise ApiError(

@@ -69,3 +69,16 @@ def function_of(tx: Transaction) -> str:
     except ValueError:
         return ""
     return head
+
+
+def transfer_destination(tx: Transaction) -> str:
+    """Where a transaction's value goes: the destination named inside an NFT, SFT, Meta-ESDT or multi-token
+    transfer (sent to the sender itself, the destination in the data), else the receiver."""
+    parts = (tx.data or b"").split(b"@")
+    index = {"ESDTNFTTransfer": 4, "MultiESDTNFTTransfer": 1}.get(parts[0].decode("ascii", "replace"))
+    if index is not None and len(parts) > index:
+        try:
+            return Address(bytes.fromhex(parts[index].decode("ascii")), "erd").to_bech32()
+        except ValueError:
+            pass
+    return tx.receiver.to_bech32()

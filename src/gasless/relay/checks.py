@@ -14,6 +14,7 @@ from typing import Any
 
 from multiversx_sdk import Transaction
 
+from gasless.billing.policy import MAX_DATA_BYTES_SELF_SERVE
 from gasless.chain.addresses import shard_of_pubkey
 from gasless.chain.codec import WireError, signing_bytes, tx_from_wire
 from gasless.chain.gas import OPTION_GUARDED, OPTION_HASH_SIGN, is_guarded
@@ -21,7 +22,6 @@ from gasless.chain.network import NetworkParams
 from gasless.errors import ApiError
 
 MAX_BODY_BYTES = 131_072
-MAX_DATA_BYTES_SELF_SERVE = 4_096
 SUPPORTED_VERSION = 2
 SUPPORTED_OPTIONS = OPTION_HASH_SIGN | OPTION_GUARDED
 RELAY_MEMBERS = frozenset({"tx", "lease", "intentKey"})

@@ -19,6 +19,7 @@ from multiversx_sdk import Transaction
 
 from gasless.billing.decision import Entitlement, EntitlementDecision
 from gasless.billing.gate import BillingGate
+from gasless.billing.policy import MAX_DATA_BYTES_SELF_SERVE
 from gasless.chain.addresses import shard_of_pubkey
 from gasless.chain.codec import tx_hash, tx_to_wire, verify_ed25519
 from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
@@ -61,6 +62,9 @@ class RelayConfig:
     signer_deadline_ms: int = 250
     simulate: str = "contract_calls"
     contract: str | None = None
+    # The static data-size ceiling: 4 096 bytes, or the body limit's when some account is allow-listed for
+    # more (the entitlement stage then applies the 4 096 bytes to every other account).
+    data_limit: int = MAX_DATA_BYTES_SELF_SERVE
 
 
 def stored_response(row: Rec, round_ms: int, *, duplicate: bool) -> tuple[int, RelayResponse]:
@@ -213,6 +217,7 @@ class RelayService:
             parsed.tx,
             self.network.params,
             relayer_shard=relayer_shard,
+            data_limit=self.config.data_limit,
             lease_present=parsed.lease_token not in (None, ""),
         )
 
