@@ -124,6 +124,43 @@ def test_quote_and_validate_per_ip_or_per_authenticated_account(make_env: Any, p
     )
 
 
+# Private reads -------------------------------------------------------------------------------------------
+def test_every_private_read_is_limited_per_account_by_its_rate_class(make_env: Any, problem: Any) -> None:
+    """ "Private reads: account, by class 1 to 6": one bucket per account, the size its class gives (class 3
+    here, the granted Growth tier), on every private read route."""
+    by_class = {c: Rate(SLOW, 2) for c in range(1, 7)} | {3: Rate(SLOW, 9)}
+    env = make_env(app_kwargs={"route_limits": RouteLimitTable(private_read_class=by_class)})
+    sender = env.new_sender(1)  # its own account, class 3
+    assignment = env.assign(sender)
+    relayed = env.relay(env.build(sender, assignment), assignment["lease"])
+    tx_hash = relayed.json()["txHash"]
+    env.wait_state(tx_hash, ("FINALIZED",))
+    native = env.client.get("/v1/network").json()["nativeAuth"]
+    token = make_native_auth_token(
+        sender.key, origin=native["origins"][0], block_hash=native["blockHash"], ttl_seconds=600
+    )
+    auth = {"Authorization": f"Bearer {token}"}
+    account = sender.address
+    reads = [
+        "/v1/me",
+        f"/v1/account/{account}/keys",
+        f"/v1/account/{account}/webhooks",
+        f"/v1/account/{account}/webhooks/wh_unknown",
+        f"/v1/account/{account}/webhooks/wh_unknown/deliveries",
+        f"/v1/usage?account={account}",
+        f"/v1/usage/summary?account={account}",
+        f"/v1/usage/{tx_hash}",
+        f"/v1/usage/{tx_hash}/proof",
+    ]
+    answers = [env.client.get(path, headers=auth) for path in reads]
+    assert [a.status_code for a in answers] == [200, 200, 200, 404, 404, 200, 200, 200, 409], [
+        a.text for a in answers
+    ]
+    assert [headers_of(a)[:2] for a in answers] == [("9", str(8 - i)) for i in range(9)]
+    for path in reads:
+        refused(env.client.get(path, headers=auth), problem, "account", 9)
+
+
 # Assignments ----------------------------------------------------------------------------------------------
 def test_assign_reports_the_closer_of_its_ip_and_sender_limits(make_env: Any, problem: Any) -> None:
     env = make_env(app_kwargs={"route_limits": TIGHT})

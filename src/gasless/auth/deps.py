@@ -319,7 +319,8 @@ Public = Depends(public)
 NativeAuthCaller = Annotated[Caller, Depends(native_auth_caller)]
 OptionalBearer = Annotated[str | None, Depends(optional_bearer)]
 RelaySponsorKey = Annotated[SponsorKey | None, Depends(sponsor_key("relay", required=False))]
-AccountRead = Annotated[AccountAccess, Depends(account_access("read"))]
+account_read = account_access("read")  # also handed to the private-read limit (one call per request)
+AccountRead = Annotated[AccountAccess, Depends(account_read)]
 AccountWrite = Annotated[AccountAccess, Depends(account_access("write"))]
 AccountRevoke = Annotated[AccountAccess, Depends(account_access("revoke"))]
 DashboardRead = Annotated[AccountAccess, Depends(account_access("read", keys=True))]

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
-from gasless.auth.deps import NativeAuthCaller
+from gasless.auth.deps import NativeAuthCaller, native_auth_caller
 from gasless.auth.schemas import Me, MeAccount
 from gasless.errors import ApiError
+from gasless.limits.route_classes import private_read
 
 router = APIRouter(tags=["account"])
 ADMIN_PREFIX = "/v1/admin"
@@ -17,6 +18,8 @@ _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
     "/v1/me",
     operation_id="getMe",
     response_model=Me,
+    # The caller's own address is the account these reads count against.
+    dependencies=[private_read(native_auth_caller, account_of=lambda caller: str(caller.address))],
     summary="The native-auth caller and the accounts it may see (owner or read-only sender)",
 )
 async def get_me(request: Request, caller: NativeAuthCaller) -> Me:

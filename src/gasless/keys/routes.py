@@ -7,9 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Request, Response
 
 from gasless.auth.actions import CHALLENGE_HEADER, SIGNATURE_HEADER
-from gasless.auth.deps import AccountRead, AccountRevoke, AccountWrite
+from gasless.auth.deps import AccountRead, AccountRevoke, AccountWrite, account_read
 from gasless.keys.schemas import ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyList, ApiKeyUpdate
-from gasless.limits.route_classes import Caller, account_rate
+from gasless.limits.route_classes import Caller, account_rate, private_read
 
 router = APIRouter(tags=["keys"])
 KeyIdPath = Annotated[str, Path(max_length=64, description="the key's public id")]
@@ -32,9 +32,15 @@ async def _revoker(access: AccountRevoke) -> Caller:
 # (the same access dependency as the route's own, resolved once per request).
 WRITE_LIMIT = account_rate("account_write", caller=_writer)
 REVOKE_LIMIT = account_rate("account_write", caller=_revoker)
+PRIVATE_READ = private_read(account_read)
 
 
-@router.get("/v1/account/{erd}/keys", operation_id="listApiKeys", response_model=ApiKeyList)
+@router.get(
+    "/v1/account/{erd}/keys",
+    operation_id="listApiKeys",
+    response_model=ApiKeyList,
+    dependencies=[PRIVATE_READ],
+)
 async def list_api_keys(request: Request, response: Response, access: AccountRead) -> ApiKeyList:
     """The account's active keys, oldest first (secrets are never returned again)."""
     response.headers["Cache-Control"] = NO_STORE

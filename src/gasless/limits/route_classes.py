@@ -23,9 +23,8 @@ from fastapi import Depends, Request
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gasless.auth.native_auth import NativeAuthError
-from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
 from gasless.limits.buckets import Decision, RouteLimiter
+from gasless.mirror.views import DEFAULT_RATE_CLASS
 
 STATE_KEY = "rate_limit"
 
@@ -91,6 +90,26 @@ def account_rate(rule: str, caller: Callable[..., Awaitable[Caller]]) -> Any:
     return Depends(limit_by_account)
 
 
+async def limit_private_read(request: Request, account: str) -> None:
+    """ "Private reads": per account, by the account's rate class (5/10/20/40/80/10 req/s, burst x4)."""
+    mirror = request.app.state.host.mirror
+    rate_class = DEFAULT_RATE_CLASS if mirror is None else await mirror.rate_class_of(account)
+    await enforce(request, "private_read_class", account, "account", rate_class=rate_class)
+
+
+def private_read(
+    access: Callable[..., Awaitable[Any]], account_of: Callable[[Any], str] | None = None
+) -> Any:
+    """The private-read limit of a route whose credential dependency is `access` (the same callable the
+    route takes, so FastAPI runs it once); `account_of` picks the account from what it returns."""
+    pick = account_of or (lambda who: str(who.account))
+
+    async def limit_read(request: Request, who: Any = Depends(access)) -> None:  # noqa: B008 - see account_rate
+        await limit_private_read(request, pick(who))
+
+    return Depends(limit_read)
+
+
 def ip_streams(rule: str) -> Any:
     """A concurrency rule keyed by client IP: the slot is held until the response (stream) has ended."""
 
@@ -132,37 +151,8 @@ def account_streams(caller: Callable[..., Awaitable[Caller]]) -> Any:
     return Depends(hold_by_account)
 
 
-async def _quote_account(request: Request) -> str | None:
-    """The paying account behind a verified native-auth bearer, else None (the caller counts as anonymous:
-    these routes are public, so a token that does not verify is ignored rather than refused)."""
-    authorization = request.headers.get("authorization") or ""
-    if not authorization.lower().startswith("bearer "):
-        return None
-    host = request.app.state.host
-    if host.native_auth is None or host.mirror is None:
-        return None
-    try:
-        identity = host.native_auth.verify(authorization[7:].strip())
-        paying = await host.mirror.paying_account(identity.address)
-    except (NativeAuthError, GatewayUnavailable, GatewayRejected):
-        return None
-    # Only an account on the contract (or one of its authorised senders) earns the account allowance:
-    # anyone can mint native-auth tokens for fresh keys.
-    return str(paying[0]) if paying is not None else None
-
-
-async def limit_quote(request: Request) -> None:
-    """`POST /v1/quote` and `/v1/validate`: 5 req/s per account with a verified token, else 2 req/s per IP."""
-    account = await _quote_account(request)
-    if account is not None:
-        await enforce(request, "quote_account", account, "account")
-    else:
-        await enforce(request, "quote_ip", client_key(request), "ip")
-
-
 # The route classes wired today (the others are built with the factories above when their routes exist).
 PUBLIC_READ = ip_rate("public_read_ip")
-QUOTE = Depends(limit_quote)
 PREPARE = ip_rate("prepare_ip")
 X402_PURCHASE_IP = ip_rate("x402_ip")
 ASSIGN_IP = ip_rate("assign_ip")

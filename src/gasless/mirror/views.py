@@ -12,9 +12,11 @@ import structlog
 
 from gasless.chain.abi import decode_outputs, load_billing_abi
 from gasless.chain.addresses import address_of, parse_address
-from gasless.chain.gateway import GatewayClient
+from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
 
 log = structlog.get_logger("gasless.entitlement")
+
+DEFAULT_RATE_CLASS = 1  # the Starter's: request limits by class for an address without a running plan
 
 
 class _Cached:
@@ -145,6 +147,20 @@ class ContractMirror:
     async def tiers(self) -> dict[int, Any]:
         views = await self._cache.get(("tiers",), lambda: self._view("getTiers"), ttl_ms=10_000)
         return {int(tier.id): tier for tier in views[0]}
+
+    async def rate_class_of(self, account: str) -> int:
+        """The rate class (1..6) of the account's running plan; an address without one (or when the contract
+        cannot be read) counts as class 1, the Starter's, for the request limits that go by class."""
+        try:
+            view = await self.account(account)
+            running = getattr(view, "running", None) if view is not None else None
+            if running is None:
+                return DEFAULT_RATE_CLASS
+            tier = (await self.tiers()).get(int(running.tier_id))
+            rate_class = int(tier.rate_class) if tier is not None else DEFAULT_RATE_CLASS
+        except (GatewayUnavailable, GatewayRejected, AttributeError, ValueError, TypeError):
+            return DEFAULT_RATE_CLASS
+        return rate_class if 1 <= rate_class <= 6 else DEFAULT_RATE_CLASS
 
     def invalidate(self, account: str | None = None) -> None:
         """Forget cached views (the event mirror calls this when an event says they changed): one

@@ -9,15 +9,17 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from gasless.auth.deps import OptionalBearer, RelaySponsorKey
+from gasless.auth.native_auth import NativeAuthError
 from gasless.chain.addresses import InvalidAddress, parse_address
+from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
 from gasless.errors import ApiError
 from gasless.http.caching import NETWORK_CACHE, cached_json, intent_cache_control
-from gasless.limits.route_classes import ASSIGN_IP, PUBLIC_READ, QUOTE, RELAY_EVENTS, record
+from gasless.limits.route_classes import ASSIGN_IP, PUBLIC_READ, RELAY_EVENTS, client_key, enforce, record
 from gasless.relay.checks import MAX_BODY_BYTES
 from gasless.relay.intents import TERMINAL, intent_from_row, rejected_intent
 from gasless.relay.replay import replay_while_starting
@@ -38,6 +40,37 @@ from gasless.relay.validate import validate_submission
 STREAM_LIFETIME_MS = 120_000
 STREAM_POLL_S = 0.5  # re-read the row this often: changes made on the other host reach the stream too
 _HASH = re.compile(r"[0-9a-fA-F]{64}")
+
+
+async def _quote_account(request: Request) -> str | None:
+    """The paying account behind a verified native-auth bearer, else None (the caller counts as anonymous:
+    these routes are public, so a token that does not verify is ignored rather than refused)."""
+    authorization = request.headers.get("authorization") or ""
+    if not authorization.lower().startswith("bearer "):
+        return None
+    host = request.app.state.host
+    if host.native_auth is None or host.mirror is None:
+        return None
+    try:
+        identity = host.native_auth.verify(authorization[7:].strip())
+        paying = await host.mirror.paying_account(identity.address)
+    except (NativeAuthError, GatewayUnavailable, GatewayRejected):
+        return None
+    # Only an account on the contract (or one of its authorised senders) earns the account allowance:
+    # anyone can mint native-auth tokens for fresh keys.
+    return str(paying[0]) if paying is not None else None
+
+
+async def limit_quote(request: Request) -> None:
+    """`POST /v1/quote` and `/v1/validate`: 5 req/s per account with a verified token, else 2 req/s per IP."""
+    account = await _quote_account(request)
+    if account is not None:
+        await enforce(request, "quote_account", account, "account")
+    else:
+        await enforce(request, "quote_ip", client_key(request), "ip")
+
+
+QUOTE = Depends(limit_quote)
 
 router = APIRouter(tags=["relay"])
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Path, Request
 
 from gasless.auth.deps import ApiKeyHeader, AuthorizationHeader, read_access_to
 from gasless.errors import ApiError
+from gasless.limits.route_classes import limit_private_read
 from gasless.settlement.proofs import UsageProof
 
 router = APIRouter(tags=["usage"])
@@ -48,6 +49,7 @@ async def get_usage_proof(
     account = await service.account_of(tx_hash)
     if account is None:  # a dead row nobody paid for: never settled
         raise ApiError("NOT_FOUND", detail="the row is not billed: it is never settled and has no proof")
-    await read_access_to(request, account, authorization, api_key)
+    access = await read_access_to(request, account, authorization, api_key)
+    await limit_private_read(request, access.account)
     proof: UsageProof = await service.proof(tx_hash)
     return proof

@@ -5,23 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from gasless.chain.abi import decode_outputs
-from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
+from gasless.mirror.views import DEFAULT_RATE_CLASS, ContractMirror
 from gasless.relay.intents import intent_from_row
 from gasless.streams.fanout import RedisFanout
 from gasless.streams.hub import StreamHub
 from gasless.streams.tickets import StreamTickets
 
 log = structlog.get_logger("gasless.streams")
-
-DEFAULT_RATE_CLASS = 1  # an account without a running plan streams as a Starter
-_TIERS_TTL_S = 60.0
 
 
 class IntentSource:
@@ -43,44 +38,13 @@ class IntentSource:
             log.warning("intent stream event failed", error=type(exc).__name__)
 
 
-class AccountRateClass:
-    """The rate class (1..6) of an account's running plan, read from the billing contract."""
-
-    def __init__(self, mirror: Any) -> None:
-        self.mirror = mirror
-        self._tiers: dict[int, int] = {}
-        self._tiers_at = 0.0
-
-    async def of(self, account: str) -> int:
-        try:
-            view = await self.mirror.account(account)
-            running = getattr(view, "running", None) if view is not None else None
-            if running is None:
-                return DEFAULT_RATE_CLASS
-            tiers = await self._tier_classes()
-            rate_class = tiers.get(int(running.tier_id), DEFAULT_RATE_CLASS)
-            return rate_class if 1 <= rate_class <= 6 else DEFAULT_RATE_CLASS
-        except (GatewayUnavailable, GatewayRejected, AttributeError, ValueError, TypeError):
-            return DEFAULT_RATE_CLASS
-
-    async def _tier_classes(self) -> dict[int, int]:
-        if self._tiers and time.monotonic() - self._tiers_at < _TIERS_TTL_S:
-            return self._tiers
-        parts = await self.mirror.gateway.vm_query(self.mirror.contract, "getTiers", [])
-        decoded = decode_outputs(self.mirror.abi, "getTiers", parts)
-        tiers = decoded[0] if len(decoded) == 1 and isinstance(decoded[0], list) else decoded
-        self._tiers = {int(t.id): int(t.rate_class) for t in tiers}
-        self._tiers_at = time.monotonic()
-        return self._tiers
-
-
 @dataclass
 class StreamService:
     hub: StreamHub
     tickets: StreamTickets
     keepalive_ms: int
     fanout: RedisFanout | None = None
-    rate_classes: AccountRateClass | None = None
+    mirror: ContractMirror | None = None
     _sweeper: asyncio.Task[None] | None = field(default=None, repr=False)
 
     async def start(self) -> None:
@@ -100,10 +64,10 @@ class StreamService:
     def attach_intents(self, bus: Any, round_ms: int, mirror: Any) -> None:
         """Once the relay core runs: intent changes flow into the hub; rate classes come from the contract."""
         bus.listen(IntentSource(self.hub, round_ms))
-        self.rate_classes = AccountRateClass(mirror)
+        self.mirror = mirror
 
     async def rate_class(self, account: str) -> int:
-        return DEFAULT_RATE_CLASS if self.rate_classes is None else await self.rate_classes.of(account)
+        return DEFAULT_RATE_CLASS if self.mirror is None else await self.mirror.rate_class_of(account)
 
     async def _sweep_forever(self) -> None:
         while True:

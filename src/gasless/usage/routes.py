@@ -11,8 +11,7 @@ from gasless.auth.deps import AccountAccess, ApiKeyHeader, AuthorizationHeader, 
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
 from gasless.http.pages import PageQuery
-from gasless.limits.route_classes import Caller, account_rate, enforce
-from gasless.streams.service import AccountRateClass
+from gasless.limits.route_classes import limit_private_read, private_read
 from gasless.usage.repository import UsageFilters, UsageRepository
 from gasless.usage.schemas import (
     BILLING_CLASSES,
@@ -53,17 +52,6 @@ def usage_service(request: Request) -> UsageService:
         )
         request.app.state.usage_service = service
     return service
-
-
-def _rate_classes(request: Request) -> AccountRateClass | None:
-    mirror = _host(request).mirror
-    if mirror is None:
-        return None
-    found: AccountRateClass | None = getattr(request.app.state, "usage_rate_classes", None)
-    if found is None:
-        found = AccountRateClass(mirror)
-        request.app.state.usage_rate_classes = found
-    return found
 
 
 def _address(value: str, field: str) -> str:
@@ -116,14 +104,8 @@ async def usage_access(
     return await read_access_to(request, account, authorization, api_key)
 
 
-async def _reader(request: Request, access: AccountAccess = Depends(usage_access)) -> Caller:  # noqa: B008
-    classes = _rate_classes(request)
-    rate_class = await classes.of(access.account) if classes is not None else None
-    return Caller(account=access.account, rate_class=rate_class)
-
-
 # "Private reads": per account, by the account's rate class.
-PRIVATE_READ = account_rate("private_read_class", caller=_reader)
+PRIVATE_READ = private_read(usage_access)
 
 
 @router.get(
@@ -234,13 +216,6 @@ async def get_usage_row(
         raise ApiError("NOT_FOUND", detail="no usage row or in-flight intent has this transaction hash")
     account, detail = found
     access = await read_access_to(request, account, authorization, api_key)
-    classes = _rate_classes(request)
-    await enforce(
-        request,
-        "private_read_class",
-        access.account,
-        "account",
-        rate_class=await classes.of(access.account) if classes is not None else None,
-    )
+    await limit_private_read(request, access.account)
     response.headers["Cache-Control"] = NO_STORE
     return detail

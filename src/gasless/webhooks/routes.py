@@ -6,11 +6,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Path, Request, Response
 
-from gasless.auth.deps import AccountRead, AccountWrite
+from gasless.auth.deps import AccountRead, AccountWrite, account_read
 from gasless.errors import ApiError
 from gasless.http.idempotency import idempotent
 from gasless.http.pages import PageQuery
-from gasless.limits.route_classes import Caller, account_rate
+from gasless.limits.route_classes import Caller, account_rate, private_read
 from gasless.webhooks.schemas import (
     Webhook,
     WebhookCreate,
@@ -52,9 +52,10 @@ async def _writer(access: AccountWrite) -> Caller:
 
 # "Writes on keys, webhooks, notifications": 1 req/s, burst 5 per account.
 WRITE_LIMIT = account_rate("account_write", caller=_writer)
+PRIVATE_READ = private_read(account_read)
 
 
-@router.get(BASE, operation_id="listWebhooks", response_model=WebhookList)
+@router.get(BASE, operation_id="listWebhooks", response_model=WebhookList, dependencies=[PRIVATE_READ])
 async def list_webhooks(request: Request, response: Response, access: AccountRead) -> WebhookList:
     """The account's webhooks, oldest first (secrets are never returned again)."""
     response.headers["Cache-Control"] = NO_STORE
@@ -82,7 +83,9 @@ async def create_webhook(
     )
 
 
-@router.get(BASE + "/{webhookId}", operation_id="getWebhook", response_model=Webhook)
+@router.get(
+    BASE + "/{webhookId}", operation_id="getWebhook", response_model=Webhook, dependencies=[PRIVATE_READ]
+)
 async def get_webhook(
     request: Request, response: Response, webhookId: WebhookIdPath, access: AccountRead
 ) -> Webhook:
@@ -160,6 +163,7 @@ async def rotate_webhook_secret(
     BASE + "/{webhookId}/deliveries",
     operation_id="listWebhookDeliveries",
     response_model=WebhookDeliveryPage,
+    dependencies=[PRIVATE_READ],
 )
 async def list_webhook_deliveries(
     request: Request, response: Response, webhookId: WebhookIdPath, page: PageQuery, access: AccountRead
