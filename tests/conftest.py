@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,60 @@ import pytest
 
 POSTGRES_ENV = "GASLESS_TEST_POSTGRES_URL"
 REDIS_ENV = "GASLESS_TEST_REDIS_URL"
+
+
+# The error-coverage guard (tests/error_coverage.py) -------------------------------------------------------
+def pytest_configure(config: pytest.Config) -> None:
+    from error_coverage import RECORD_ENV
+
+    if not os.environ.get(RECORD_ENV):
+        # One file for the run: every host (in process or a subprocess inheriting the environment) appends
+        # the codes it renders.
+        folder = Path(tempfile.mkdtemp(prefix="gasless-problems-"))
+        os.environ[RECORD_ENV] = str(folder / "answered.txt")
+    config.stash[_DESELECTED] = 0
+
+
+_DESELECTED = pytest.StashKey[int]()
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    if items:
+        config = items[0].config
+        config.stash[_DESELECTED] = config.stash.get(_DESELECTED, 0) + len(items)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """At the end of a full, green run with every suite enabled: every catalogue code was answered."""
+    from error_coverage import RECORD_ENV, findings
+
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    full = (
+        config.args_source is pytest.Config.ArgsSource.TESTPATHS
+        and not config.option.keyword
+        and not config.option.markexpr
+        and config.stash.get(_DESELECTED, 0) == 0
+        and exitstatus == pytest.ExitCode.OK
+    )
+    if not full:
+        return
+    if not (os.environ.get(POSTGRES_ENV) and os.environ.get(REDIS_ENV)):
+        if reporter is not None:
+            reporter.write_line(
+                "error coverage NOT CHECKED: the PostgreSQL or Redis suite was skipped",
+                yellow=True,
+                bold=True,
+            )
+        return
+    problems = findings(Path(os.environ[RECORD_ENV]))
+    if reporter is not None:
+        for line in problems or ["error coverage: every catalogue code was answered through HTTP"]:
+            reporter.write_line(
+                f"error coverage: {line}" if problems else line, red=bool(problems), bold=True
+            )
+    if problems:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _admin_dsn(url: str) -> str:

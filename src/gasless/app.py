@@ -425,7 +425,7 @@ def create_app(
         MetricsMiddleware, metrics=state.metrics, host_id=settings.host_id, access_log=settings.access_log
     )
     app.add_middleware(RequestIdMiddleware)
-    install_problem_handlers(app, settings.docs_url)
+    install_problem_handlers(app, settings.docs_url, settings.problem_record_file)
     app.include_router(relay_routes.router)
     app.include_router(account_routes.router)
     app.include_router(auth_routes.router)

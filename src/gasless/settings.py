@@ -103,6 +103,9 @@ class Settings(BaseSettings):
     metrics_host: str = "127.0.0.1"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     access_log: bool = True
+    # Appends the code of every problem this host renders to this file (the test suite's error-coverage
+    # guard reads it across every process it started); unset in production.
+    problem_record_file: Path | None = None
 
     # Overrides of the profile (a deployment's own hosts and addresses).
     chain_id: str | None = None

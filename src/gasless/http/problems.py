@@ -8,6 +8,8 @@ INTERNAL. No other code builds an error body.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Iterable
+from pathlib import Path
 
 import structlog
 from fastapi import FastAPI, Request
@@ -65,7 +67,29 @@ class RequestIdMiddleware:
             structlog.contextvars.unbind_contextvars("request_id")
 
 
+class ProblemRecorder:
+    """Appends each rendered problem code to a file, one per line (O_APPEND: lines from several processes
+    never interleave). The suite's error-coverage guard reads what the service really answered."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def record(self, codes: Iterable[str]) -> None:
+        lines = "".join(f"{code}\n" for code in codes)
+        if lines:
+            with self.path.open("a", encoding="ascii") as out:
+                out.write(lines)
+
+
+def record_problems(request: Request, codes: Iterable[str]) -> None:
+    """Problem codes answered inside a success body (the problems listed by `POST /v1/validate`)."""
+    recorder: ProblemRecorder | None = getattr(request.app.state, "problem_recorder", None)
+    if recorder is not None:
+        recorder.record(codes)
+
+
 def problem_response(request: Request, error: ApiError, docs_url: str) -> JSONResponse:
+    record_problems(request, [error.code])
     rid = request_id_of(request)
     body = problem_document(error, docs_url=docs_url, request_id=rid)
     headers = {**error.headers, REQUEST_ID_HEADER: rid}
@@ -82,7 +106,9 @@ def _field_of(exc: RequestValidationError) -> str:
     return ".".join(location)
 
 
-def install_problem_handlers(app: FastAPI, docs_url: str) -> None:
+def install_problem_handlers(app: FastAPI, docs_url: str, record_file: Path | None = None) -> None:
+    app.state.problem_recorder = ProblemRecorder(record_file) if record_file is not None else None
+
     @app.exception_handler(ApiError)
     async def on_api_error(request: Request, exc: ApiError) -> JSONResponse:
         return problem_response(request, exc, docs_url)

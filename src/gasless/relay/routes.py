@@ -19,6 +19,7 @@ from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
 from gasless.errors import ApiError
 from gasless.http.caching import NETWORK_CACHE, cached_json, intent_cache_control
+from gasless.http.problems import record_problems
 from gasless.limits.route_classes import ASSIGN_IP, PUBLIC_READ, RELAY_EVENTS, client_key, enforce, record
 from gasless.relay.checks import MAX_BODY_BYTES
 from gasless.relay.intents import TERMINAL, intent_from_row, rejected_intent
@@ -318,7 +319,9 @@ async def quote(request: Request, body: QuoteRelayRequest) -> RelayQuote:
 )
 async def validate(request: Request) -> ValidateResponse:
     raw = await read_body(request)
-    return await validate_submission(_host(request).relay, raw)
+    answer = await validate_submission(_host(request).relay, raw)
+    record_problems(request, [problem.code for problem in answer.problems])
+    return answer
 
 
 # Schemas referenced only through openapi_extra must still be registered as components.
