@@ -269,3 +269,26 @@ def test_data_above_4096_bytes_only_for_allow_listed_accounts(make_env: Any, pro
         env.relay(env.build(other, assignment, data=data), assignment["lease"]), "DATA_TOO_LARGE"
     )
     assert refused["details"] == {"limit": 4_096, "actual": 5_000, "account": other.address}
+
+
+def test_a_request_naming_its_payer_is_refused_for_a_sender_that_account_does_not_name(
+    env: Any, problem: Any
+) -> None:
+    """`account` in the relay body names who pays: the sender's own account or one naming it as an
+    authorised sender; any other is 403 SENDER_NOT_AUTHORIZED (`reason`, `account`), nothing sent."""
+    owner, other = env.new_sender(), env.new_sender()
+    stranger = env.new_sender(plan=False)
+    for sender in (stranger, other):
+        assignment = env.assign(sender)
+        tx = env.build(sender, assignment)
+        body = problem(
+            env.relay(tx, assignment["lease"], body={"account": owner.address}), "SENDER_NOT_AUTHORIZED"
+        )
+        assert body["details"] == {"reason": "not_an_authorised_sender", "account": owner.address}
+        assert env.client.get(f"/v1/intents/{sender.address}/0").json()["state"] == "REJECTED"
+    assignment = env.assign(owner)
+    malformed = env.relay(env.build(owner, assignment), assignment["lease"], body={"account": "erd1nope"})
+    assert problem(malformed, "MALFORMED_REQUEST")["details"] == {"field": "account"}
+    accepted = env.relay(env.build(owner, assignment), assignment["lease"], body={"account": owner.address})
+    assert accepted.status_code in (200, 202), accepted.text
+    assert accepted.json()["billing"]["account"] == owner.address

@@ -55,9 +55,16 @@ class EntitlementDecision:
 
 class Entitlement(Protocol):
     async def decide(
-        self, tx: Transaction, sender: str, sponsor: Any | None, *, free_allowed: bool = True
+        self,
+        tx: Transaction,
+        sender: str,
+        sponsor: Any | None,
+        *,
+        free_allowed: bool = True,
+        account: str | None = None,
     ) -> EntitlementDecision:
         """The paying side of this relay, or ApiError (NO_ENTITLEMENT, CONTRACT_PAUSED, ...). `sponsor` is
         the verified sponsor key (gasless.keys.service.SponsorKey) when one came with the request;
-        `free_allowed=False` bills a free operation as a normal relay (free-flow limits passed)."""
+        `free_allowed=False` bills a free operation as a normal relay (free-flow limits passed); `account`
+        is the account the request names as payer (SENDER_NOT_AUTHORIZED unless it pays for the sender)."""
         ...

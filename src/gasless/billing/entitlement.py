@@ -74,7 +74,13 @@ class BillingEntitlement:
         self.clock = clock
 
     async def decide(
-        self, tx: Transaction, sender: str, sponsor: Any | None, *, free_allowed: bool = True
+        self,
+        tx: Transaction,
+        sender: str,
+        sponsor: Any | None,
+        *,
+        free_allowed: bool = True,
+        account: str | None = None,
     ) -> EntitlementDecision:
         contract = self.mirror.contract
         function = function_of(tx)
@@ -90,6 +96,14 @@ class BillingEntitlement:
         if sponsor is not None:
             return await self._sponsored(tx, sender, sponsor, function, ru)
         paying = await self.mirror.paying_account(sender)
+        if account is not None and (paying is None or paying[0] != account):
+            # The request names its payer: a sender that account does not name cannot spend its plan.
+            raise ApiError(
+                "SENDER_NOT_AUTHORIZED",
+                detail=f"{sender} is not {account} nor one of its authorised senders; the account adds "
+                "it with addSenders, or relay without `account`",
+                details={"reason": "not_an_authorised_sender", "account": account},
+            )
         if paying is None:
             raise self._no_entitlement(
                 sender,

@@ -63,6 +63,8 @@ class BillingGate:
         sender: str,
         sponsor: Any | None,
         in_flight: Sequence[Any],
+        *,
+        account: str | None = None,
     ) -> EntitlementDecision:
         """The decision for a free operation after the free-flow limits (maybe a paid one, `free: false`)."""
         if not decision.free:
@@ -83,7 +85,7 @@ class BillingGate:
         limits = self.free_limits
         if day >= limits.per_day or month >= limits.per_30_days:
             if paying is not None or sponsor is not None:
-                paid = await self.entitlement.decide(tx, sender, sponsor, free_allowed=False)
+                paid = await self.entitlement.decide(tx, sender, sponsor, free_allowed=False, account=account)
                 return paid
             until = (oldest_day + DAY_MS) if day >= limits.per_day else (oldest_month + MONTH_MS)
             raise ApiError(

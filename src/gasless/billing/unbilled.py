@@ -15,6 +15,12 @@ class UnbilledEntitlement:
     (the reservation is skipped for a decision without an account)."""
 
     async def decide(
-        self, tx: Transaction, sender: str, sponsor: Any | None, *, free_allowed: bool = True
+        self,
+        tx: Transaction,
+        sender: str,
+        sponsor: Any | None,
+        *,
+        free_allowed: bool = True,
+        account: str | None = None,
     ) -> EntitlementDecision:
         return EntitlementDecision("free", None)

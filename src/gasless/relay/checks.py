@@ -15,7 +15,7 @@ from typing import Any
 from multiversx_sdk import Transaction
 
 from gasless.billing.policy import MAX_DATA_BYTES_SELF_SERVE
-from gasless.chain.addresses import shard_of_pubkey
+from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubkey
 from gasless.chain.codec import WireError, signing_bytes, tx_from_wire
 from gasless.chain.gas import OPTION_GUARDED, OPTION_HASH_SIGN, is_guarded
 from gasless.chain.network import NetworkParams
@@ -24,7 +24,7 @@ from gasless.errors import ApiError
 MAX_BODY_BYTES = 131_072
 SUPPORTED_VERSION = 2
 SUPPORTED_OPTIONS = OPTION_HASH_SIGN | OPTION_GUARDED
-RELAY_MEMBERS = frozenset({"tx", "lease", "intentKey"})
+RELAY_MEMBERS = frozenset({"tx", "lease", "intentKey", "account"})
 VARIANT_MEMBERS = ("variants", "transactions", "alternates")
 IDEMPOTENCY_KEY_MIN, IDEMPOTENCY_KEY_MAX = 16, 128
 INT64_MAX = 2**63 - 1
@@ -51,6 +51,7 @@ class ParsedRelay:
     wire: dict[str, Any]
     lease_token: Any
     intent_key: str | None
+    account: str | None  # the account the sender expects to pay (a sponsor key decides instead)
     signing_bytes: bytes
     bytes_sha256: str
     sender: str
@@ -126,6 +127,16 @@ def parse_relay_body(
                 details={"field": "Idempotency-Key"},
             )
         intent_key = header_key  # the header wins over the body member
+    account = body.get("account")
+    if account is not None:
+        try:
+            account = parse_address(account).to_bech32() if isinstance(account, str) else None
+        except InvalidAddress:
+            account = None
+        if account is None:
+            raise ApiError(
+                "MALFORMED_REQUEST", detail="account must be an erd1 address", details={"field": "account"}
+            )
     message = signing_bytes(tx)
     pubkey = tx.sender.get_public_key()
     return ParsedRelay(
@@ -134,6 +145,7 @@ def parse_relay_body(
         wire=wire,
         lease_token=body.get("lease"),
         intent_key=intent_key,
+        account=account,
         signing_bytes=message,
         bytes_sha256=hashlib.sha256(message).hexdigest(),
         sender=tx.sender.to_bech32(),

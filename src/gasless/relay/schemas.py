@@ -112,6 +112,11 @@ class RelayRequest(BaseModel):
     tx: dict[str, Any]
     lease: str
     intentKey: str | None = None
+    account: str | None = Field(
+        default=None,
+        description="the account the sender expects to pay (its own or one naming it as an authorised "
+        "sender); SENDER_NOT_AUTHORIZED otherwise. Ignored when a sponsor key pays.",
+    )
 
 
 class QuoteRelayRequest(BaseModel):

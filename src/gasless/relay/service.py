@@ -192,9 +192,11 @@ class RelayService:
             first_or_raise([lambda: self._sender_signature(parsed)])
             state = await chain_read
             slot_seq = first_or_raise(self._state_checks(parsed, lease, view, state))
-            decision = await self._entitle(tx, parsed.sender, sponsor)
+            decision = await self._entitle(tx, parsed.sender, sponsor, parsed.account)
             if self.billing is not None:
-                decision = await self.billing.free_flow(decision, tx, parsed.sender, sponsor, view.in_flight)
+                decision = await self.billing.free_flow(
+                    decision, tx, parsed.sender, sponsor, view.in_flight, account=parsed.account
+                )
             await self._simulate(parsed, params)
             if self.billing is not None:
                 admitted = await self.billing.admit(decision, tx, parsed.sender_shard, sponsor)
@@ -342,9 +344,11 @@ class RelayService:
             parsed, lease, view, state, round_ms=self.network.params.round_duration_ms, assign=self.assign
         )
 
-    async def _entitle(self, tx: Transaction, sender: str, sponsor: Any | None) -> EntitlementDecision:
+    async def _entitle(
+        self, tx: Transaction, sender: str, sponsor: Any | None, account: str | None = None
+    ) -> EntitlementDecision:
         try:
-            return await self.entitlement.decide(tx, sender, sponsor)
+            return await self.entitlement.decide(tx, sender, sponsor, account=account)
         except (GatewayUnavailable, GatewayRejected) as exc:
             raise ApiError(
                 "UPSTREAM_UNAVAILABLE", detail="could not read the contract; nothing was sent"

@@ -49,7 +49,7 @@ async def validate_submission(self: RelayService, raw: bytes) -> ValidateRespons
         problems = [e for check in state_checks[:-1] if (e := check()) is not None]
         if problems:
             return _response(self, problems, parsed)
-        await self._entitle(parsed.tx, parsed.sender, None)
+        await self._entitle(parsed.tx, parsed.sender, None, parsed.account)
         await self._simulate(parsed, self.network.params)
     except ApiError as error:
         return _response(self, [*problems, error] if problems else [error], parsed)
