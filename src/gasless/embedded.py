@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 import os
 import secrets
-import signal
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -81,9 +80,14 @@ async def start_localnet(options: EmbeddedOptions) -> Localnet:
         payment_token=LOCALNET_PAYMENT_TOKEN,
         config=ChainConfig(round_ms=options.round_ms),
     )
-    await localnet.start(options.host, [options.localnet_port])
-    # Deployed paused, like the real contract; the owner unpauses it with a real transaction.
-    await unpause(localnet.urls[0], localnet.genesis.owner, localnet.info["contract"])
+    try:
+        await localnet.start(options.host, [options.localnet_port])
+        # Deployed paused, like the real contract; the owner unpauses it with a real transaction.
+        await unpause(localnet.urls[0], localnet.genesis.owner, localnet.info["contract"])
+    except BaseException:  # cancelled (a signal) or failed: release what started
+        with contextlib.suppress(Exception):
+            await localnet.stop()
+        raise
     return localnet
 
 
@@ -118,12 +122,28 @@ def embedded_settings(options: EmbeddedOptions, localnet: Localnet, index: int =
     return Settings(**values)
 
 
+class ServerFailed(RuntimeError):
+    """A server of a host ended on its own (its application did not start)."""
+
+
 class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: `serve_hosts` stops every server on one signal."""
+    """uvicorn without its own signal handling (`serve_hosts` stops every server when it is cancelled),
+    telling when it listens, and failing with an exception instead of exiting the process."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.listening = asyncio.Event()
 
     @contextlib.contextmanager
     def capture_signals(self):  # type: ignore[no-untyped-def]
         yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        except SystemExit:  # uvicorn exits the process when the lifespan start-up fails
+            raise ServerFailed("the application did not start (see the log above)") from None
+        self.listening.set()
 
 
 def _bind(host: str, port: int) -> socket.socket | None:
@@ -176,31 +196,29 @@ def _servers(settings: Settings, log_level: str) -> list[tuple[uvicorn.Server, l
     return servers
 
 
-async def serve_hosts(hosts: Sequence[Settings], *, log_level: str = "warning") -> None:
-    """Serve each host's API and admin port until SIGINT/SIGTERM (a second signal forces the exit)."""
+async def serve_hosts(
+    hosts: Sequence[Settings], *, log_level: str = "warning", on_listening: Callable[[], None] | None = None
+) -> None:
+    """Serve each host's API and admin port until cancelled (the CLI cancels on SIGINT/SIGTERM) or until
+    one server ends; every server shuts down cleanly either way. `on_listening` runs once all listen."""
     servers = [server for settings in hosts for server in _servers(settings, log_level)]
-
-    def stop_all() -> None:
-        for server, _ in servers:
-            if server.should_exit:
-                server.force_exit = True
-            server.should_exit = True
-
-    loop = asyncio.get_running_loop()
-    installed: list[int] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            loop.add_signal_handler(sig, stop_all)
-            installed.append(sig)
     tasks = [asyncio.create_task(server.serve(sockets)) for server, sockets in servers]
+    listening = asyncio.ensure_future(asyncio.gather(*(server.listening.wait() for server, _ in servers)))
     try:
-        # One server ending (a signal, a failed start) ends them all.
+        await asyncio.wait([listening, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        if listening.done() and on_listening is not None:
+            on_listening()
+        # One server ending (a failed start) ends them all.
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        stop_all()
-        await asyncio.gather(*tasks, return_exceptions=True)
     finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+        listening.cancel()
+        for server, _ in servers:
+            server.should_exit = True
+        # Not gather: a cancelled gather would cancel the servers mid-shutdown.
+        await asyncio.wait(tasks)
+    for task in tasks:
+        if task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
 
 
 async def serve_api(settings: Settings, *, log_level: str = "warning") -> None:
@@ -210,14 +228,15 @@ async def serve_api(settings: Settings, *, log_level: str = "warning") -> None:
 async def run_embedded(
     options: EmbeddedOptions, on_ready: Callable[[list[Settings], Localnet], None] | None = None
 ) -> None:
-    """Start localnet, then the API host(s); stop everything on Ctrl-C or SIGTERM."""
+    """Start localnet, then the API host(s), and serve until cancelled; whatever started is stopped on the
+    way out, whenever the cancellation comes. `on_ready` runs once every host listens."""
     check_embedded(options)
     localnet = await start_localnet(options)
     try:
         hosts = [embedded_settings(options, localnet, index) for index in range(options.hosts)]
-        if on_ready is not None:
-            on_ready(hosts, localnet)
-        await serve_hosts(hosts)
+        await serve_hosts(
+            hosts, on_listening=(lambda: on_ready(hosts, localnet)) if on_ready is not None else None
+        )
     finally:
         with contextlib.suppress(Exception):
             await localnet.stop()

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +14,7 @@ from rich.table import Table
 
 from gasless.cli.admin import register as register_admin
 from gasless.cli.relay import relay_app
+from gasless.cli.signals import StopRequested, run_until_stopped, stop_exit_code
 from gasless.logs import configure_logging
 
 app = typer.Typer(
@@ -27,17 +26,23 @@ app.add_typer(relay_app, name="relay")
 register_admin(app)  # gasless admin ..., gasless verify-proof
 
 
-def run_service(main: Coroutine[Any, Any, None]) -> None:
-    """Long-running servers run on uvloop (uvicorn's standard loop) where it exists."""
+def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run a long-running command's coroutine until it returns or a signal stops it (then StopRequested
+    is raised, once the coroutine has stopped what it started; see gasless.cli.signals). Servers run on
+    uvloop (uvicorn's standard loop) where it exists."""
     # The database threads hand the GIL back and forth with the event loop many times per transaction;
     # at the default 5 ms switch interval each hand-over can wait that long behind a busy loop.
     sys.setswitchinterval(0.0005)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is not built for every platform
-        asyncio.run(main)
+        run_until_stopped(main, asyncio.run)
         return
-    uvloop.run(main)
+    run_until_stopped(main, uvloop.run)
+
+
+def _stopped(stop: StopRequested) -> None:
+    console.print(f"stopped ({stop})")
 
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="Where wallets, the database and secrets live.")]
@@ -112,6 +117,7 @@ def up(
     from gasless.embedded import (
         EmbeddedConfigError,
         EmbeddedOptions,
+        ServerFailed,
         check_embedded,
         local_master_secret,
         run_embedded,
@@ -134,8 +140,15 @@ def up(
         raise typer.Exit(2) from None
     secret = os.environ.get("GASLESS_MASTER_SECRET") or local_master_secret(data_dir)
     configure_logging(json_lines=False, level="WARNING", secrets=[secret])
-    with contextlib.suppress(KeyboardInterrupt):
-        run_service(run_embedded(options, on_ready=_print_embedded))
+    console.print(f"starting localnet on port {localnet_port}, then the API (Ctrl-C stops at any moment)")
+    try:
+        run_service(lambda: run_embedded(options, on_ready=_print_embedded))
+    except StopRequested as stop:
+        _stopped(stop)
+        raise
+    except ServerFailed as exc:
+        console.print(f"[red]cannot start:[/red] {exc}")
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -158,18 +171,20 @@ def localnet(
             payment_token=LOCALNET_PAYMENT_TOKEN,
             config=ChainConfig(round_ms=round_ms),
         )
-        urls = await net.start("127.0.0.1", [port + i if port else 0 for i in range(gateways)])
-        for url in urls:
-            console.print(f"localnet gateway: {url}  (admin: {url}/localnet/info)")
-        console.print(f"owner wallet: {net.info['ownerPem']}")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await net.stop()
+        try:
+            urls = await net.start("127.0.0.1", [port + i if port else 0 for i in range(gateways)])
+            for url in urls:
+                console.print(f"localnet gateway: {url}  (admin: {url}/localnet/info)")
+            console.print(f"owner wallet: {net.info['ownerPem']}")
+            await asyncio.Event().wait()  # until a signal cancels this
+        finally:
+            await net.stop()
 
-    run_service(main())
+    try:
+        run_service(main)
+    except StopRequested as stop:
+        _stopped(stop)
+        raise
 
 
 @app.command()
@@ -179,7 +194,7 @@ def serve(
     config: Annotated[Path | None, typer.Option("--config", help="TOML settings file.")] = None,
 ) -> None:
     """Run the API alone against the configured gateways and database (GASLESS_* settings)."""
-    from gasless.embedded import local_master_secret, serve_api
+    from gasless.embedded import ServerFailed, local_master_secret, serve_api
     from gasless.settings import Settings
 
     overrides: dict[str, object] = {}
@@ -205,7 +220,11 @@ def serve(
     configure_logging(
         json_lines=True, level=settings.log_level, secrets=[settings.master_secret.get_secret_value()]
     )
-    run_service(serve_api(settings, log_level=settings.log_level.lower()))
+    try:
+        run_service(lambda: serve_api(settings, log_level=settings.log_level.lower()))
+    except ServerFailed as exc:
+        console.print(f"[red]cannot start:[/red] {exc}")
+        raise typer.Exit(1) from None
 
 
 @app.command()
@@ -223,4 +242,13 @@ def errors(
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit:
+        # Typer turns an interrupt into 130; the status says which signal stopped the command.
+        code = stop_exit_code()
+        if code is not None:
+            raise SystemExit(code) from None
+        raise
+    except StopRequested as stop:  # outside typer's reach (its own start-up)
+        raise SystemExit(stop.exit_code) from None
