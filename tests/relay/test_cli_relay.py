@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,7 +25,8 @@ def served(make_env: Callable[..., Any], tmp_path: Path, unpaused_localnet: Any)
 
 
 def gasless(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+    # Piped output, no width hint: what a script or a CI log gets (values must not be cut to 80 columns).
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {"NO_COLOR": "1"}
     return subprocess.run(
         [sys.executable, "-m", "gasless.cli", *args],
         capture_output=True,
@@ -58,6 +60,14 @@ async def test_relay_send_follows_to_finalized(served: Served, tmp_path: Path) -
     status = gasless("relay", "status", f"{key.address}:0", "--api", served.url, "--json")
     assert status.returncode == 0, status.stdout + status.stderr
     assert '"FINALIZED"' in status.stdout and tx_hash in status.stdout
+
+    # The table, piped: every address and hash whole, on the line of its key.
+    table = gasless("relay", "status", tx_hash, "--api", served.url)
+    assert table.returncode == 0, table.stdout + table.stderr
+    intent = json.loads(status.stdout)
+    lines = {line.split()[1]: line for line in table.stdout.splitlines() if line.startswith("│")}
+    assert tx_hash in lines["txHash"] and intent["relayer"] in lines["relayer"], table.stdout
+    assert receiver in lines["receiver"] and f"intent {key.address}:0" in table.stdout, table.stdout
 
     # The account nonce moved on: the next send reads nonce 1 from the gateway, here without following.
     second = gasless("relay", "send", *common, "--no-follow")

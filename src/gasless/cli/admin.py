@@ -12,17 +12,17 @@ from typing import Annotated, Any, TypeVar
 
 import aiohttp
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.chain.gateway import GatewayClient
+from gasless.cli.output import CliConsole
 
 admin_app = typer.Typer(
     help="Operator commands: the billing contract (signed with the owner key) and public incidents.",
     no_args_is_help=True,
 )
-console = Console(stderr=True)
+console = CliConsole(stderr=True)
 T = TypeVar("T")
 
 ConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML settings file.")]

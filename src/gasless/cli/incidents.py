@@ -17,15 +17,16 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from gasless.cli.output import CliConsole
 
 incident_app = typer.Typer(
     help="Declare, update, resolve and list public incidents (in the service database).",
     no_args_is_help=True,
 )
-console = Console(stderr=True)
+console = CliConsole(stderr=True)
 T = TypeVar("T")
 
 STATUSES = ("investigating", "identified", "monitoring", "resolved")

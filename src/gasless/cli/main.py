@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from gasless.cli.admin import register as register_admin
+from gasless.cli.output import CliConsole
 from gasless.cli.relay import relay_app
 from gasless.cli.signals import StopRequested, run_until_stopped, stop_exit_code
 from gasless.logs import configure_logging
@@ -20,7 +20,7 @@ from gasless.logs import configure_logging
 app = typer.Typer(
     help="gasless: the gasless relaying service for MultiversX.", no_args_is_help=True, add_completion=False
 )
-console = Console(stderr=True)
+console = CliConsole(stderr=True)
 
 app.add_typer(relay_app, name="relay")
 register_admin(app)  # gasless admin ..., gasless verify-proof

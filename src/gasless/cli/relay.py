@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from gasless.cli.output import CliConsole
 
 if TYPE_CHECKING:
     from gasless.client import RelayProblem
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
 relay_app = typer.Typer(
     help="Relay transactions through a gasless API, as an integrator would.", no_args_is_help=True
 )
-out = Console()
+out = CliConsole()
 
 EXIT_OK, EXIT_NOT_SUCCESS, EXIT_REFUSED = 0, 1, 2
 STATE_ORDER = ("COSIGNED", "BROADCAST", "EXECUTED", "FINALIZED")
