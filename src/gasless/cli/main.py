@@ -6,9 +6,10 @@ import asyncio
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from gasless.cli.admin import register as register_admin
@@ -43,6 +44,11 @@ def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
 
 def _stopped(stop: StopRequested) -> None:
     console.print(f"stopped ({stop})")
+
+
+def _cannot_start(exc: Exception, code: int) -> NoReturn:
+    console.print(f"[red]cannot start:[/red] {escape(str(exc))}")
+    raise typer.Exit(code) from None
 
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="Where wallets, the database and secrets live.")]
@@ -108,7 +114,12 @@ def up(
     ] = None,
     redis_url: Annotated[str | None, typer.Option("--redis-url", help="redis://host:6379/0")] = None,
     metrics_port: Annotated[
-        int, typer.Option("--metrics-port", help="Admin port for /metrics (host b: + 1); 0 turns it off.")
+        int,
+        typer.Option(
+            "--metrics-port",
+            envvar="GASLESS_METRICS_PORT",
+            help="Admin port for /metrics (host b: + 1); 0 turns it off. In use: refused at start.",
+        ),
     ] = 9108,
 ) -> None:
     """Start the embedded default: localnet and the API host(s) on loopback, data under --data-dir."""
@@ -117,8 +128,10 @@ def up(
     from gasless.embedded import (
         EmbeddedConfigError,
         EmbeddedOptions,
+        PortUnavailable,
         ServerFailed,
         check_embedded,
+        embedded_listeners,
         local_master_secret,
         run_embedded,
     )
@@ -132,23 +145,27 @@ def up(
         database_url=database_url,
         redis_url=redis_url,
         metrics_port=metrics_port,
+        # The hosts' settings would read it too; the listener is bound before they exist.
+        metrics_host=os.environ.get("GASLESS_METRICS_HOST") or "127.0.0.1",
     )
     try:
         check_embedded(options)
-    except EmbeddedConfigError as exc:
-        console.print(f"[red]cannot start:[/red] {exc}")
-        raise typer.Exit(2) from None
+        # Every port before anything starts: a clash is one line, not a host running without metrics.
+        listeners = embedded_listeners(options)
+    except (EmbeddedConfigError, PortUnavailable) as exc:
+        _cannot_start(exc, 2)
     secret = os.environ.get("GASLESS_MASTER_SECRET") or local_master_secret(data_dir)
     configure_logging(json_lines=False, level="WARNING", secrets=[secret])
     console.print(f"starting localnet on port {localnet_port}, then the API (Ctrl-C stops at any moment)")
     try:
-        run_service(lambda: run_embedded(options, on_ready=_print_embedded))
+        run_service(lambda: run_embedded(options, listeners, on_ready=_print_embedded))
     except StopRequested as stop:
         _stopped(stop)
         raise
+    except PortUnavailable as exc:  # localnet's port, taken since it was checked
+        _cannot_start(exc, 2)
     except ServerFailed as exc:
-        console.print(f"[red]cannot start:[/red] {exc}")
-        raise typer.Exit(1) from None
+        _cannot_start(exc, 1)
 
 
 @app.command()
@@ -159,10 +176,17 @@ def localnet(
     gateways: Annotated[int, typer.Option("--gateways", help="How many gateways (consecutive ports).")] = 1,
 ) -> None:
     """Run the local network alone (gateway REST API + admin API under /localnet/)."""
+    from gasless.embedded import PortUnavailable, check_port
     from gasless.localnet.chain import ChainConfig
     from gasless.localnet.server import Localnet
     from gasless.settings import LOCALNET_PAYMENT_TOKEN
 
+    ports = [port + i if port else 0 for i in range(gateways)]
+    try:
+        for each in ports:
+            check_port("127.0.0.1", each, "the gateway port", "pass --port with free ports")
+    except PortUnavailable as exc:
+        _cannot_start(exc, 2)
     configure_logging(json_lines=False)
 
     async def main() -> None:
@@ -172,7 +196,12 @@ def localnet(
             config=ChainConfig(round_ms=round_ms),
         )
         try:
-            urls = await net.start("127.0.0.1", [port + i if port else 0 for i in range(gateways)])
+            try:
+                urls = await net.start("127.0.0.1", ports)
+            except OSError as exc:  # taken since it was checked
+                raise PortUnavailable(
+                    f"a gateway port cannot be bound ({exc.strerror}): pass --port"
+                ) from None
             for url in urls:
                 console.print(f"localnet gateway: {url}  (admin: {url}/localnet/info)")
             console.print(f"owner wallet: {net.info['ownerPem']}")
@@ -185,6 +214,8 @@ def localnet(
     except StopRequested as stop:
         _stopped(stop)
         raise
+    except PortUnavailable as exc:
+        _cannot_start(exc, 2)
 
 
 @app.command()
@@ -194,7 +225,7 @@ def serve(
     config: Annotated[Path | None, typer.Option("--config", help="TOML settings file.")] = None,
 ) -> None:
     """Run the API alone against the configured gateways and database (GASLESS_* settings)."""
-    from gasless.embedded import ServerFailed, local_master_secret, serve_api
+    from gasless.embedded import PortUnavailable, ServerFailed, host_listeners, local_master_secret, serve_api
     from gasless.settings import Settings
 
     overrides: dict[str, object] = {}
@@ -221,10 +252,13 @@ def serve(
         json_lines=True, level=settings.log_level, secrets=[settings.master_secret.get_secret_value()]
     )
     try:
-        run_service(lambda: serve_api(settings, log_level=settings.log_level.lower()))
+        listeners = host_listeners(settings)
+    except PortUnavailable as exc:
+        _cannot_start(exc, 2)
+    try:
+        run_service(lambda: serve_api(settings, listeners, log_level=settings.log_level.lower()))
     except ServerFailed as exc:
-        console.print(f"[red]cannot start:[/red] {exc}")
-        raise typer.Exit(1) from None
+        _cannot_start(exc, 1)
 
 
 @app.command()
