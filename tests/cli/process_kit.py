@@ -54,7 +54,10 @@ def answers(url: str, status: int = 200) -> bool:
 
 def piped_env(**extra: str) -> dict[str, str]:
     """The test's environment as a pipe sees it: no terminal width hint, no colour."""
-    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "GASLESS_CONFIG")}
+    # No GASLESS_* setting of the test run leaks into the command (a database URL, a config file).
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES") and not k.startswith("GASLESS_")
+    }
     return {**env, "NO_COLOR": "1", **extra}
 
 
@@ -123,3 +126,26 @@ def reap(proc: subprocess.Popen[Any]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # its own session: anything it started goes too
         proc.wait(30)
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 120.0
+) -> subprocess.CompletedProcess[str]:
+    """`gasless *args` to completion, output captured (not a terminal); killed if it outlives `timeout`."""
+    return subprocess.run(
+        [sys.executable, "-m", "gasless.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or piped_env(),
+        check=False,
+    )
+
+
+def error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The one line a failed command printed (stdout and stderr together), or an assertion error."""
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, (
+        f"{len(lines)} lines (status {result.returncode}):\n{result.stdout}{result.stderr}"
+    )
+    return lines[0]

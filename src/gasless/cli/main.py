@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -13,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gasless.cli.admin import register as register_admin
+from gasless.cli.common import EXIT_FAILED, invalid_settings, one_line
 from gasless.cli.output import CliConsole
 from gasless.cli.relay import relay_app
 from gasless.cli.signals import StopRequested, run_until_stopped, stop_exit_code
@@ -123,8 +125,6 @@ def up(
     ] = 9108,
 ) -> None:
     """Start the embedded default: localnet and the API host(s) on loopback, data under --data-dir."""
-    import os
-
     from gasless.embedded import (
         EmbeddedConfigError,
         EmbeddedOptions,
@@ -245,8 +245,7 @@ def serve(
             overrides["master_secret"] = local_master_secret(settings.data_dir)
             settings = Settings.load(config_file=config, **overrides)
     except ValueError as exc:
-        console.print(f"[red]invalid settings:[/red] {exc}")
-        raise typer.Exit(2) from None
+        invalid_settings(exc)
     assert settings.master_secret is not None
     configure_logging(
         json_lines=True, level=settings.log_level, secrets=[settings.master_secret.get_secret_value()]
@@ -286,3 +285,12 @@ def main() -> None:
         raise
     except StopRequested as stop:  # outside typer's reach (its own start-up)
         raise SystemExit(stop.exit_code) from None
+    except Exception as exc:
+        # Anything a command did not expect is still one line; GASLESS_DEBUG=1 keeps the traceback.
+        if os.environ.get("GASLESS_DEBUG"):
+            raise
+        console.print(
+            f"[red]error:[/red] {escape(type(exc).__name__)}: {escape(one_line(str(exc)))} "
+            "(GASLESS_DEBUG=1 shows the traceback)"
+        )
+        raise SystemExit(EXIT_FAILED) from None

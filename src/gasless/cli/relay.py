@@ -16,10 +16,11 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from gasless.cli.common import errors, one_line, read_pem
 from gasless.cli.output import CliConsole
 
 if TYPE_CHECKING:
-    from gasless.client import RelayProblem
+    from gasless.client import RelayProblem, UserKey
 
 relay_app = typer.Typer(
     help="Relay transactions through a gasless API, as an integrator would.", no_args_is_help=True
@@ -34,7 +35,7 @@ Api = Annotated[str, typer.Option("--api", help="Base URL of the relay API.")]
 
 
 def _problem(problem: RelayProblem) -> None:
-    out.print(f"[red]refused:[/red] {problem.status} [bold]{problem.code}[/bold] {problem.detail}")
+    out.print(f"[red]refused:[/red] {problem.status} [bold]{problem.code}[/bold] {escape(problem.detail)}")
     if problem.details:
         out.print(f"  details: {json.dumps(problem.details, separators=(',', ':'))[:2000]}")
     if problem.request_id:
@@ -81,7 +82,7 @@ async def _send(
     *,
     api: str,
     gateway: str | None,
-    pem: Path,
+    key: UserKey,
     to: str,
     value: int,
     data: str,
@@ -96,20 +97,21 @@ async def _send(
     import aiohttp
 
     from gasless.chain.addresses import InvalidAddress, parse_address
-    from gasless.client import RelayClient, RelayProblem, Transfer, UserKey, gateway_nonce, is_final
+    from gasless.client import RelayClient, RelayProblem, Transfer, gateway_nonce, is_final
 
     try:
         parse_address(to)
     except InvalidAddress:
-        out.print(f"[red]--to is not an erd1 address:[/red] {escape(to)}")
+        errors.print(f"[red]error:[/red] --to is not an erd1 address: {escape(to)}")
         return EXIT_REFUSED
-    key = UserKey.from_pem(pem)
     async with RelayClient(api) as client:
         try:
             chain_id = await client.network_chain_id()
             if nonce is None:
                 if gateway is None:
-                    out.print("[red]--gateway (to read the account nonce) or --nonce is required[/red]")
+                    errors.print(
+                        "[red]error:[/red] --gateway (to read the account nonce) or --nonce is required"
+                    )
                     return EXIT_REFUSED
                 nonce = await gateway_nonce(gateway, key.address, session=client.session)
             out.print(f"sender {key.address} (shard {key.shard}), nonce {nonce}, chain {chain_id}")
@@ -125,7 +127,7 @@ async def _send(
             _problem(problem)
             return EXIT_REFUSED
         except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as exc:
-            out.print(f"[red]failed:[/red] {type(exc).__name__}: {exc}")
+            errors.print(f"[red]failed:[/red] {type(exc).__name__}: {escape(one_line(str(exc)))}")
             return EXIT_REFUSED
         result = sent.result
         out.print(
@@ -166,7 +168,7 @@ async def _send(
 
 @relay_app.command("send")
 def send(
-    pem: Annotated[Path, typer.Option("--pem", help="The sender's PEM file.", exists=True, dir_okay=False)],
+    pem: Annotated[Path, typer.Option("--pem", help="The sender's PEM file.")],
     to: Annotated[str, typer.Option("--to", help="Receiver (erd1...).")],
     api: Api = "http://127.0.0.1:8080",
     gateway: Annotated[
@@ -193,11 +195,14 @@ def send(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for finality.")] = 300.0,
 ) -> None:
     """Assign, sign once, relay one transfer and follow it until it is final."""
+    from gasless.client import UserKey
+
+    key = UserKey(read_pem(pem))
     code = asyncio.run(
         _send(
             api=api,
             gateway=gateway,
-            pem=pem,
+            key=key,
             to=to,
             value=value,
             data=data,
@@ -225,7 +230,7 @@ async def _status(api: str, ident: str, as_json: bool) -> int:
             _problem(problem)
             return EXIT_REFUSED
         except (aiohttp.ClientError, TimeoutError) as exc:
-            out.print(f"[red]failed:[/red] {type(exc).__name__}: {exc}")
+            errors.print(f"[red]failed:[/red] {type(exc).__name__}: {escape(one_line(str(exc)))}")
             return EXIT_REFUSED
     if as_json:
         out.print_json(json.dumps(intent))
