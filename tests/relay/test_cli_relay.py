@@ -95,3 +95,55 @@ async def test_relay_send_refused_exits_non_zero(served: Served, tmp_path: Path)
 
     missing = gasless("relay", "status", f"{key.address}:0", "--api", served.url)
     assert missing.returncode == 2 and "NOT_FOUND" in missing.stdout
+
+
+def env_without(*names: str, **values: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in names and k not in ("COLUMNS", "LINES")} | values
+
+
+def gasless_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gasless.cli", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def one_line(run: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, run.stdout + run.stderr
+    return lines[0]
+
+
+async def test_relay_commands_take_the_api_and_gateway_from_the_environment(
+    served: Served, tmp_path: Path
+) -> None:
+    key = await served.new_sender(1)
+    pem = write_pem(key, tmp_path / "sender.pem")
+    env = env_without(GASLESS_API_URL=served.url, GASLESS_GATEWAY_URL=served.gateway, NO_COLOR="1")
+    sent = gasless_env(
+        env, "relay", "send", "--pem", str(pem), "--to", key_in_shard(1).address, "--no-follow"
+    )
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert "nonce 0" in sent.stdout
+    status = gasless_env(env, "relay", "status", f"{key.address}:0", "--json")
+    assert status.returncode == 0 and key.address in status.stdout, status.stdout + status.stderr
+
+
+async def test_swapped_api_and_gateway_are_named_in_one_line(served: Served, tmp_path: Path) -> None:
+    key = await served.new_sender(1)
+    pem = write_pem(key, tmp_path / "sender.pem")
+    env = env_without("GASLESS_API_URL", "GASLESS_GATEWAY_URL", NO_COLOR="1")
+    send = ["relay", "send", "--pem", str(pem), "--to", key_in_shard(1).address]
+
+    swapped = gasless_env(env, *send, "--api", served.gateway, "--gateway", served.url)
+    assert swapped.returncode == 2, swapped.stdout + swapped.stderr
+    line = one_line(swapped)
+    assert f"--api {served.gateway} does not answer as a gasless API" in line and "gateway" in line, line
+
+    wrong_gateway = gasless_env(env, *send, "--api", served.url, "--gateway", served.url)
+    assert wrong_gateway.returncode == 2, wrong_gateway.stdout + wrong_gateway.stderr
+    line = one_line(wrong_gateway)
+    assert f"--gateway {served.url} does not answer as a MultiversX gateway" in line and "API" in line, line
+
+    status = gasless_env(env, "relay", "status", f"{key.address}:0", "--api", served.gateway)
+    assert status.returncode == 2, status.stdout + status.stderr
+    assert f"--api {served.gateway} does not answer as a gasless API" in one_line(status)

@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gasless.cli.common import errors, one_line, read_pem
+from gasless.cli.endpoints import EndpointError, check_api, check_gateway
 from gasless.cli.output import CliConsole
 
 if TYPE_CHECKING:
@@ -31,7 +32,14 @@ EXIT_OK, EXIT_NOT_SUCCESS, EXIT_REFUSED = 0, 1, 2
 STATE_ORDER = ("COSIGNED", "BROADCAST", "EXECUTED", "FINALIZED")
 TIMESTAMPS = ("receivedAtMs", "cosignedAtMs", "broadcastAtMs", "executedBlockTsMs", "finalizedAtMs")
 
-Api = Annotated[str, typer.Option("--api", help="Base URL of the relay API.")]
+DEFAULT_API = "http://127.0.0.1:8080"
+Api = Annotated[str, typer.Option("--api", envvar="GASLESS_API_URL", help="Base URL of the gasless API.")]
+Gateway = Annotated[
+    str | None,
+    typer.Option(
+        "--gateway", envvar="GASLESS_GATEWAY_URL", help="Gateway URL to read the sender's nonce from."
+    ),
+]
 
 
 def _problem(problem: RelayProblem) -> None:
@@ -104,15 +112,21 @@ async def _send(
     except InvalidAddress:
         errors.print(f"[red]error:[/red] --to is not an erd1 address: {escape(to)}")
         return EXIT_REFUSED
+    if nonce is None and gateway is None:
+        errors.print("[red]error:[/red] --gateway (to read the account nonce) or --nonce is required")
+        return EXIT_REFUSED
     async with RelayClient(api) as client:
         try:
-            chain_id = await client.network_chain_id()
+            health = await check_api(client.session, api)
+            if gateway is not None:
+                await check_gateway(client.session, gateway)
+        except EndpointError as exc:
+            errors.print(f"[red]error:[/red] {escape(str(exc))}")
+            return EXIT_REFUSED
+        chain_id = health["chainId"]
+        try:
             if nonce is None:
-                if gateway is None:
-                    errors.print(
-                        "[red]error:[/red] --gateway (to read the account nonce) or --nonce is required"
-                    )
-                    return EXIT_REFUSED
+                assert gateway is not None
                 nonce = await gateway_nonce(gateway, key.address, session=client.session)
             out.print(f"sender {key.address} (shard {key.shard}), nonce {nonce}, chain {chain_id}")
             assignment = await client.assign(key)
@@ -170,10 +184,8 @@ async def _send(
 def send(
     pem: Annotated[Path, typer.Option("--pem", help="The sender's PEM file.")],
     to: Annotated[str, typer.Option("--to", help="Receiver (erd1...).")],
-    api: Api = "http://127.0.0.1:8080",
-    gateway: Annotated[
-        str | None, typer.Option("--gateway", help="Gateway URL to read the sender's nonce from.")
-    ] = None,
+    api: Api = DEFAULT_API,
+    gateway: Gateway = None,
     value: Annotated[int, typer.Option("--value", help="Amount in atto (10^-18 EGLD).", min=0)] = 0,
     data: Annotated[str, typer.Option("--data", help="Data field (text).")] = "",
     gas_limit: Annotated[
@@ -225,6 +237,11 @@ async def _status(api: str, ident: str, as_json: bool) -> int:
 
     async with RelayClient(api) as client:
         try:
+            await check_api(client.session, api)
+        except EndpointError as exc:
+            errors.print(f"[red]error:[/red] {escape(str(exc))}")
+            return EXIT_REFUSED
+        try:
             intent = await client.intent(ident)
         except RelayProblem as problem:
             _problem(problem)
@@ -242,7 +259,7 @@ async def _status(api: str, ident: str, as_json: bool) -> int:
 @relay_app.command("status")
 def status(
     ident: Annotated[str, typer.Argument(help="Intent id (<sender>:<nonce>) or transaction hash.")],
-    api: Api = "http://127.0.0.1:8080",
+    api: Api = DEFAULT_API,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Intent as JSON.")] = False,
 ) -> None:
     """Show one intent (`GET /v1/relay/{id}`)."""
