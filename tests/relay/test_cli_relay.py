@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from test_client_flow import Served, key_in_shard, start_served
 
 from gasless.client import UserKey
@@ -147,3 +148,36 @@ async def test_swapped_api_and_gateway_are_named_in_one_line(served: Served, tmp
     status = gasless_env(env, "relay", "status", f"{key.address}:0", "--api", served.gateway)
     assert status.returncode == 2, status.stdout + status.stderr
     assert f"--api {served.gateway} does not answer as a gasless API" in one_line(status)
+
+
+async def test_auth_token_is_accepted_by_the_api(served: Served, tmp_path: Path) -> None:
+    key = await served.new_sender(1)  # an account (a granted plan): /v1/usage?account= answers it too
+    pem = write_pem(key, tmp_path / "sender.pem")
+    made = gasless("auth", "token", "--pem", str(pem), "--api", served.url, "--ttl-seconds", "600")
+    assert made.returncode == 0, made.stdout + made.stderr
+    token = made.stdout.strip()
+    assert token.count(".") == 2 and "\n" not in token, made.stdout  # stdout is the token alone
+    bearer = {"Authorization": f"Bearer {token}"}
+
+    me = requests.get(f"{served.url}/v1/me", headers=bearer, timeout=10)
+    assert me.status_code == 200, me.text
+    assert me.json()["address"] == key.address and me.json()["accounts"][0]["role"] == "owner"
+    usage = requests.get(
+        f"{served.url}/v1/usage", params={"account": key.address}, headers=bearer, timeout=10
+    )
+    assert usage.status_code == 200, usage.text
+
+    # The origin is the token's: one the API does not accept makes a token it refuses.
+    other = gasless(
+        "auth", "token", "--pem", str(pem), "--api", served.url, "--origin", "https://elsewhere.example"
+    )
+    assert other.returncode == 0, other.stdout + other.stderr
+    refused = requests.get(
+        f"{served.url}/v1/me", headers={"Authorization": f"Bearer {other.stdout.strip()}"}, timeout=10
+    )
+    assert refused.status_code == 401 and refused.json()["code"] == "TOKEN_INVALID", refused.text
+
+    too_long = gasless("auth", "token", "--pem", str(pem), "--api", served.url, "--ttl-seconds", "86401")
+    assert too_long.returncode == 2 and "--ttl-seconds" in one_line(too_long), (
+        too_long.stdout + too_long.stderr
+    )

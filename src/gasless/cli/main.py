@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gasless.cli.admin import register as register_admin
+from gasless.cli.auth import auth_app
 from gasless.cli.common import EXIT_FAILED, invalid_settings, one_line
 from gasless.cli.output import CliConsole
 from gasless.cli.relay import relay_app
@@ -26,6 +27,7 @@ app = typer.Typer(
 console = CliConsole(stderr=True)
 
 app.add_typer(relay_app, name="relay")
+app.add_typer(auth_app, name="auth")
 register_admin(app)  # gasless admin ..., gasless verify-proof
 
 
