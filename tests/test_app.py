@@ -92,7 +92,8 @@ def test_gasless_up_starts_the_embedded_default(tmp_path: Path) -> None:
     assert f"http://127.0.0.1:{api_port}" in output
     assert len(info["contract"]) == 62 and info["contract"] in output  # the whole bech32 address
     assert all(r["pem"] in output for r in info["relayers"])  # whole paths, each on one line
-    assert (tmp_path / "var" / "master-secret").exists()
+    secret = tmp_path / "var" / "master-secret"
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_text().strip()) >= 32
 
 
 @pytest.mark.parametrize(

@@ -58,8 +58,11 @@ def local_master_secret(data_dir: Path) -> str:
         return path.read_text().strip()
     data_dir.mkdir(parents=True, exist_ok=True)
     value = secrets.token_urlsafe(48)
-    path.write_text(value + "\n")
-    path.chmod(0o600)
+    # Whole or absent, never half-written (a signal may stop the start-up here), and 0600 from the start.
+    partial = path.with_name(path.name + ".partial")
+    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(value + "\n")
+    os.replace(partial, path)
     return value
 
 
