@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 from fastapi.testclient import TestClient
+from process_kit import answers, free_ports, listening, spawn
 
 from gasless.app import create_app
 from gasless.settings import Settings
@@ -68,50 +68,32 @@ def test_postgres_database_is_migrated_at_start(postgres_url: str, localnet, tmp
 
 
 def test_gasless_up_starts_the_embedded_default(tmp_path: Path) -> None:
-    api_port, localnet_port = free_port(), free_port()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "gasless.cli",
-            "up",
-            "--port",
-            str(api_port),
-            "--localnet-port",
-            str(localnet_port),
-            "--data-dir",
-            str(tmp_path / "var"),
-            "--round-ms",
-            "100",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "COLUMNS": "200"},
-    )
-    try:
-        ready = None
-        for _ in range(150):
-            try:
-                ready = requests.get(f"http://127.0.0.1:{api_port}/readyz", timeout=1)
-                if ready.status_code == 200:
-                    break
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.1)
-        assert ready is not None and ready.status_code == 200
+    api_port, localnet_port, metrics_port = ports = free_ports(3)
+    args = [
+        "up",
+        "--port", str(api_port),
+        "--localnet-port", str(localnet_port),
+        "--metrics-port", str(metrics_port),
+        "--data-dir", str(tmp_path / "var"),
+        "--round-ms", "100",
+    ]  # fmt: skip
+    # spawn reaps the process whatever happens (killed if it outlives the test).
+    # Output to a file, not a terminal: nothing may be cut to 80 columns.
+    with spawn(*args, log=tmp_path / "up.log", sigint_ignored=False) as up:
+        up.wait_for(lambda: answers(f"http://127.0.0.1:{api_port}/readyz"), "ready", timeout=60)
         info = requests.get(f"http://127.0.0.1:{localnet_port}/localnet/info", timeout=2).json()["data"]
         assert info["chainId"] == "localnet"
         assert all(Path(r["pem"]).exists() for r in info["relayers"])
         assert len({r["shard"] for r in info["relayers"]}) == 3
-    finally:
-        proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=20)
-    assert proc.returncode == 0, output
+        assert answers(f"http://127.0.0.1:{metrics_port}/metrics")
+        assert up.stopped_within(signal.SIGINT, 20) == 130, up.output()  # 128 + SIGINT, documented
+    output = up.output()
+    assert [port for port in ports if listening(port)] == [], output
     assert f"http://127.0.0.1:{api_port}" in output
-    assert "relayer-s0-0.pem" in output
-    # A second start reuses the same wallets and secret.
-    assert (tmp_path / "var" / "master-secret").exists()
+    assert len(info["contract"]) == 62 and info["contract"] in output  # the whole bech32 address
+    assert all(r["pem"] in output for r in info["relayers"])  # whole paths, each on one line
+    secret = tmp_path / "var" / "master-secret"
+    assert secret.stat().st_mode & 0o777 == 0o600 and len(secret.read_text().strip()) >= 32
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import secrets
-import signal
 import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -48,6 +48,7 @@ class EmbeddedOptions:
     database_url: str | None = None  # else GASLESS_DATABASE_URL, else SQLite under data_dir
     redis_url: str | None = None  # else GASLESS_REDIS_URL
     metrics_port: int = 9108  # host i serves its metrics on metrics_port + i; 0 turns them off
+    metrics_host: str = "127.0.0.1"
 
 
 def local_master_secret(data_dir: Path) -> str:
@@ -57,8 +58,11 @@ def local_master_secret(data_dir: Path) -> str:
         return path.read_text().strip()
     data_dir.mkdir(parents=True, exist_ok=True)
     value = secrets.token_urlsafe(48)
-    path.write_text(value + "\n")
-    path.chmod(0o600)
+    # Whole or absent, never half-written (a signal may stop the start-up here), and 0600 from the start.
+    partial = path.with_name(path.name + ".partial")
+    with os.fdopen(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(value + "\n")
+    os.replace(partial, path)
     return value
 
 
@@ -75,15 +79,120 @@ def check_embedded(options: EmbeddedOptions) -> None:
         )
 
 
+class PortUnavailable(ValueError):
+    """A port the command was asked to listen on cannot be used (the message names it and the option)."""
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno == errno.EADDRINUSE:
+        return "is in use"
+    if exc.errno == errno.EACCES:
+        return "needs privileges"
+    if exc.errno == errno.EADDRNOTAVAIL:
+        return "is not an address of this machine"
+    return f"cannot be bound ({exc.strerror or exc})"
+
+
+def listen(host: str, port: int, what: str, hint: str) -> socket.socket:
+    """A listening socket on host:port, or PortUnavailable: `<what> <host>:<port> is in use: <hint>`."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(64)
+    except OSError as exc:
+        sock.close()
+        raise PortUnavailable(f"{what} {host}:{port} {_why(exc)}: {hint}") from None
+    sock.setblocking(False)
+    return sock
+
+
+def check_port(host: str, port: int, what: str, hint: str) -> None:
+    """PortUnavailable when another program listens on host:port (the server binds it itself later)."""
+    if port:
+        listen(host, port, what, hint).close()
+
+
+@dataclass
+class Listeners:
+    """One host's sockets, bound before anything starts so a port in use is refused at once."""
+
+    api: socket.socket
+    metrics: socket.socket | None  # None: metrics off (or, for `serve`, not bound: logged)
+
+    def close(self) -> None:
+        for sock in (self.api, self.metrics):
+            if sock is not None:
+                sock.close()
+
+
+LOCALNET_HINT = "pass --localnet-port with a free port"
+
+
+def embedded_listeners(options: EmbeddedOptions) -> list[Listeners]:
+    """Every host's API and metrics sockets (and a check of the localnet port): nothing has started yet."""
+    bound: list[Listeners] = []
+    try:
+        for index in range(options.hosts):
+            name = f"(host {HOST_IDS[index]})"
+            api = listen(
+                options.host, options.api_port + index, f"the API port {name}", "pass --port with a free port"
+            )
+            bound.append(Listeners(api, None))
+            if options.metrics_port:
+                bound[-1].metrics = listen(
+                    options.metrics_host,
+                    options.metrics_port + index,
+                    f"the metrics port {name}",
+                    "pass --metrics-port (or GASLESS_METRICS_PORT) with a free port, or 0 to turn metrics off",
+                )
+        check_port(options.host, options.localnet_port, "the localnet gateway port", LOCALNET_HINT)
+    except PortUnavailable:
+        for listeners in bound:
+            listeners.close()
+        raise
+    return bound
+
+
+def host_listeners(settings: Settings) -> Listeners:
+    """`gasless serve`: the API port must be free; metrics are not worth refusing traffic for (logged)."""
+    api = listen(
+        settings.api_host,
+        settings.api_port,
+        "the API port",
+        "pass --port (or GASLESS_API_PORT) with a free port",
+    )
+    metrics = None
+    if settings.metrics_port:
+        try:
+            metrics = listen(
+                settings.metrics_host, settings.metrics_port, "the metrics port", "serving without metrics"
+            )
+        except PortUnavailable as exc:
+            # The scraper reports the target down; the API keeps serving.
+            log.error("metrics listener not started", error=str(exc))
+    return Listeners(api, metrics)
+
+
 async def start_localnet(options: EmbeddedOptions) -> Localnet:
     localnet = Localnet(
         data_dir=options.data_dir / "localnet",
         payment_token=LOCALNET_PAYMENT_TOKEN,
         config=ChainConfig(round_ms=options.round_ms),
     )
-    await localnet.start(options.host, [options.localnet_port])
-    # Deployed paused, like the real contract; the owner unpauses it with a real transaction.
-    await unpause(localnet.urls[0], localnet.genesis.owner, localnet.info["contract"])
+    try:
+        try:
+            await localnet.start(options.host, [options.localnet_port])
+        except OSError as exc:  # taken since embedded_listeners checked it
+            raise PortUnavailable(
+                f"the localnet gateway port {options.host}:{options.localnet_port} {_why(exc)}: {LOCALNET_HINT}"
+            ) from None
+        # Deployed paused, like the real contract; the owner unpauses it with a real transaction.
+        await unpause(localnet.urls[0], localnet.genesis.owner, localnet.info["contract"])
+    except BaseException:  # cancelled (a signal) or failed: release what started
+        with contextlib.suppress(Exception):
+            await localnet.stop()
+        raise
     return localnet
 
 
@@ -102,6 +211,7 @@ def embedded_settings(options: EmbeddedOptions, localnet: Localnet, index: int =
         "api_host": options.host,
         "api_port": port,
         "metrics_port": options.metrics_port + index if options.metrics_port else 0,
+        "metrics_host": options.metrics_host,
         "contract_address": info.get("contract"),
         "pair_address": info.get("pair"),
         "wrapper_address": info.get("wrapper"),
@@ -118,106 +228,120 @@ def embedded_settings(options: EmbeddedOptions, localnet: Localnet, index: int =
     return Settings(**values)
 
 
+class ServerFailed(RuntimeError):
+    """A server of a host ended on its own (its application did not start)."""
+
+
 class _Server(uvicorn.Server):
-    """uvicorn without its own signal handling: `serve_hosts` stops every server on one signal."""
+    """uvicorn without its own signal handling (`serve_hosts` stops every server when it is cancelled),
+    telling when it listens, and failing with an exception instead of exiting the process."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.listening = asyncio.Event()
 
     @contextlib.contextmanager
     def capture_signals(self):  # type: ignore[no-untyped-def]
         yield
 
-
-def _bind(host: str, port: int) -> socket.socket | None:
-    try:
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(64)
-        sock.setblocking(False)
-        return sock
-    except OSError as exc:
-        # Metrics are not worth refusing traffic for; the scraper reports the target down.
-        log.error("metrics listener not started", address=f"{host}:{port}", error=str(exc))
-        return None
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        try:
+            await super().startup(sockets)
+        except SystemExit:  # uvicorn exits the process when the lifespan start-up fails
+            raise ServerFailed("the application did not start (see the log above)") from None
+        self.listening.set()
 
 
-def _servers(settings: Settings, log_level: str) -> list[tuple[uvicorn.Server, list[socket.socket] | None]]:
+def _servers(
+    settings: Settings, listeners: Listeners, log_level: str
+) -> list[tuple[uvicorn.Server, list[socket.socket]]]:
     app = create_app(settings)
     api = _Server(
         uvicorn.Config(
             app,
-            host=settings.api_host,
-            port=settings.api_port,
             log_level=log_level,
             log_config=None,  # uvicorn's records go through our logging pipeline (JSON, redacted)
             access_log=False,  # the metrics middleware writes the access log
             lifespan="on",
         )
     )
-    servers: list[tuple[uvicorn.Server, list[socket.socket] | None]] = [(api, None)]
-    if settings.metrics_port:
-        sock = _bind(settings.metrics_host, settings.metrics_port)
-        if sock is not None:
-            registry = app.state.host.metrics.registry
-            admin = _Server(
-                uvicorn.Config(
-                    admin_app(registry),
-                    log_level=log_level,
-                    log_config=None,
-                    access_log=False,
-                    lifespan="off",
-                )
+    servers: list[tuple[uvicorn.Server, list[socket.socket]]] = [(api, [listeners.api])]
+    if listeners.metrics is not None:
+        registry = app.state.host.metrics.registry
+        admin = _Server(
+            uvicorn.Config(
+                admin_app(registry),
+                log_level=log_level,
+                log_config=None,
+                access_log=False,
+                lifespan="off",
             )
-            servers.append((admin, [sock]))
-            log.info(
-                "metrics listener",
-                host_id=settings.host_id,
-                url=f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
-            )
+        )
+        servers.append((admin, [listeners.metrics]))
+        log.info(
+            "metrics listener",
+            host_id=settings.host_id,
+            url=f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
+        )
     return servers
 
 
-async def serve_hosts(hosts: Sequence[Settings], *, log_level: str = "warning") -> None:
-    """Serve each host's API and admin port until SIGINT/SIGTERM (a second signal forces the exit)."""
-    servers = [server for settings in hosts for server in _servers(settings, log_level)]
-
-    def stop_all() -> None:
-        for server, _ in servers:
-            if server.should_exit:
-                server.force_exit = True
-            server.should_exit = True
-
-    loop = asyncio.get_running_loop()
-    installed: list[int] = []
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
-            loop.add_signal_handler(sig, stop_all)
-            installed.append(sig)
+async def serve_hosts(
+    hosts: Sequence[tuple[Settings, Listeners]],
+    *,
+    log_level: str = "warning",
+    on_listening: Callable[[], None] | None = None,
+) -> None:
+    """Serve each host's API and admin port on its listeners until cancelled (the CLI cancels on SIGINT or
+    SIGTERM) or until one server ends; every server shuts down cleanly either way. `on_listening` runs
+    once all serve."""
+    servers = [server for settings, listeners in hosts for server in _servers(settings, listeners, log_level)]
     tasks = [asyncio.create_task(server.serve(sockets)) for server, sockets in servers]
+    listening = asyncio.ensure_future(asyncio.gather(*(server.listening.wait() for server, _ in servers)))
     try:
-        # One server ending (a signal, a failed start) ends them all.
+        await asyncio.wait([listening, *tasks], return_when=asyncio.FIRST_COMPLETED)
+        if listening.done() and on_listening is not None:
+            on_listening()
+        # One server ending (a failed start) ends them all.
         await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        stop_all()
-        await asyncio.gather(*tasks, return_exceptions=True)
     finally:
-        for sig in installed:
-            loop.remove_signal_handler(sig)
+        listening.cancel()
+        for server, _ in servers:
+            server.should_exit = True
+        # Not gather: a cancelled gather would cancel the servers mid-shutdown.
+        await asyncio.wait(tasks)
+    for task in tasks:
+        if task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
 
 
-async def serve_api(settings: Settings, *, log_level: str = "warning") -> None:
-    await serve_hosts([settings], log_level=log_level)
+async def serve_api(settings: Settings, listeners: Listeners, *, log_level: str = "warning") -> None:
+    try:
+        await serve_hosts([(settings, listeners)], log_level=log_level)
+    finally:
+        listeners.close()
 
 
 async def run_embedded(
-    options: EmbeddedOptions, on_ready: Callable[[list[Settings], Localnet], None] | None = None
+    options: EmbeddedOptions,
+    listeners: list[Listeners],
+    on_ready: Callable[[list[Settings], Localnet], None] | None = None,
 ) -> None:
-    """Start localnet, then the API host(s); stop everything on Ctrl-C or SIGTERM."""
-    check_embedded(options)
-    localnet = await start_localnet(options)
+    """Start localnet, then the API host(s) on `listeners` (`embedded_listeners`), and serve until
+    cancelled; whatever started is stopped on the way out, whenever the cancellation comes. `on_ready`
+    runs once every host listens."""
     try:
-        hosts = [embedded_settings(options, localnet, index) for index in range(options.hosts)]
-        if on_ready is not None:
-            on_ready(hosts, localnet)
-        await serve_hosts(hosts)
+        check_embedded(options)
+        localnet = await start_localnet(options)
+        try:
+            hosts = [embedded_settings(options, localnet, index) for index in range(options.hosts)]
+            await serve_hosts(
+                list(zip(hosts, listeners, strict=True)),
+                on_listening=(lambda: on_ready(hosts, localnet)) if on_ready is not None else None,
+            )
+        finally:
+            with contextlib.suppress(Exception):
+                await localnet.stop()
     finally:
-        with contextlib.suppress(Exception):
-            await localnet.stop()
+        for bound in listeners:
+            bound.close()

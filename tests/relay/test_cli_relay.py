@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from test_client_flow import Served, key_in_shard, start_served
 
 from gasless.client import UserKey
@@ -24,7 +26,8 @@ def served(make_env: Callable[..., Any], tmp_path: Path, unpaused_localnet: Any)
 
 
 def gasless(*args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
+    # Piped output, no width hint: what a script or a CI log gets (values must not be cut to 80 columns).
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")} | {"NO_COLOR": "1"}
     return subprocess.run(
         [sys.executable, "-m", "gasless.cli", *args],
         capture_output=True,
@@ -59,6 +62,14 @@ async def test_relay_send_follows_to_finalized(served: Served, tmp_path: Path) -
     assert status.returncode == 0, status.stdout + status.stderr
     assert '"FINALIZED"' in status.stdout and tx_hash in status.stdout
 
+    # The table, piped: every address and hash whole, on the line of its key.
+    table = gasless("relay", "status", tx_hash, "--api", served.url)
+    assert table.returncode == 0, table.stdout + table.stderr
+    intent = json.loads(status.stdout)
+    lines = {line.split()[1]: line for line in table.stdout.splitlines() if line.startswith("│")}
+    assert tx_hash in lines["txHash"] and intent["relayer"] in lines["relayer"], table.stdout
+    assert receiver in lines["receiver"] and f"intent {key.address}:0" in table.stdout, table.stdout
+
     # The account nonce moved on: the next send reads nonce 1 from the gateway, here without following.
     second = gasless("relay", "send", *common, "--no-follow")
     assert second.returncode == 0, second.stdout + second.stderr
@@ -85,3 +96,88 @@ async def test_relay_send_refused_exits_non_zero(served: Served, tmp_path: Path)
 
     missing = gasless("relay", "status", f"{key.address}:0", "--api", served.url)
     assert missing.returncode == 2 and "NOT_FOUND" in missing.stdout
+
+
+def env_without(*names: str, **values: str) -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in names and k not in ("COLUMNS", "LINES")} | values
+
+
+def gasless_env(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gasless.cli", *args], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def one_line(run: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in (run.stdout + run.stderr).splitlines() if line.strip()]
+    assert len(lines) == 1, run.stdout + run.stderr
+    return lines[0]
+
+
+async def test_relay_commands_take_the_api_and_gateway_from_the_environment(
+    served: Served, tmp_path: Path
+) -> None:
+    key = await served.new_sender(1)
+    pem = write_pem(key, tmp_path / "sender.pem")
+    env = env_without(GASLESS_API_URL=served.url, GASLESS_GATEWAY_URL=served.gateway, NO_COLOR="1")
+    sent = gasless_env(
+        env, "relay", "send", "--pem", str(pem), "--to", key_in_shard(1).address, "--no-follow"
+    )
+    assert sent.returncode == 0, sent.stdout + sent.stderr
+    assert "nonce 0" in sent.stdout
+    status = gasless_env(env, "relay", "status", f"{key.address}:0", "--json")
+    assert status.returncode == 0 and key.address in status.stdout, status.stdout + status.stderr
+
+
+async def test_swapped_api_and_gateway_are_named_in_one_line(served: Served, tmp_path: Path) -> None:
+    key = await served.new_sender(1)
+    pem = write_pem(key, tmp_path / "sender.pem")
+    env = env_without("GASLESS_API_URL", "GASLESS_GATEWAY_URL", NO_COLOR="1")
+    send = ["relay", "send", "--pem", str(pem), "--to", key_in_shard(1).address]
+
+    swapped = gasless_env(env, *send, "--api", served.gateway, "--gateway", served.url)
+    assert swapped.returncode == 2, swapped.stdout + swapped.stderr
+    line = one_line(swapped)
+    assert f"--api {served.gateway} does not answer as a gasless API" in line and "gateway" in line, line
+
+    wrong_gateway = gasless_env(env, *send, "--api", served.url, "--gateway", served.url)
+    assert wrong_gateway.returncode == 2, wrong_gateway.stdout + wrong_gateway.stderr
+    line = one_line(wrong_gateway)
+    assert f"--gateway {served.url} does not answer as a MultiversX gateway" in line and "API" in line, line
+
+    status = gasless_env(env, "relay", "status", f"{key.address}:0", "--api", served.gateway)
+    assert status.returncode == 2, status.stdout + status.stderr
+    assert f"--api {served.gateway} does not answer as a gasless API" in one_line(status)
+
+
+async def test_auth_token_is_accepted_by_the_api(served: Served, tmp_path: Path) -> None:
+    key = await served.new_sender(1)  # an account (a granted plan): /v1/usage?account= answers it too
+    pem = write_pem(key, tmp_path / "sender.pem")
+    made = gasless("auth", "token", "--pem", str(pem), "--api", served.url, "--ttl-seconds", "600")
+    assert made.returncode == 0, made.stdout + made.stderr
+    token = made.stdout.strip()
+    assert token.count(".") == 2 and "\n" not in token, made.stdout  # stdout is the token alone
+    bearer = {"Authorization": f"Bearer {token}"}
+
+    me = requests.get(f"{served.url}/v1/me", headers=bearer, timeout=10)
+    assert me.status_code == 200, me.text
+    assert me.json()["address"] == key.address and me.json()["accounts"][0]["role"] == "owner"
+    usage = requests.get(
+        f"{served.url}/v1/usage", params={"account": key.address}, headers=bearer, timeout=10
+    )
+    assert usage.status_code == 200, usage.text
+
+    # The origin is the token's: one the API does not accept makes a token it refuses.
+    other = gasless(
+        "auth", "token", "--pem", str(pem), "--api", served.url, "--origin", "https://elsewhere.example"
+    )
+    assert other.returncode == 0, other.stdout + other.stderr
+    refused = requests.get(
+        f"{served.url}/v1/me", headers={"Authorization": f"Bearer {other.stdout.strip()}"}, timeout=10
+    )
+    assert refused.status_code == 401 and refused.json()["code"] == "TOKEN_INVALID", refused.text
+
+    too_long = gasless("auth", "token", "--pem", str(pem), "--api", served.url, "--ttl-seconds", "86401")
+    assert too_long.returncode == 2 and "--ttl-seconds" in one_line(too_long), (
+        too_long.stdout + too_long.stderr
+    )

@@ -1,5 +1,5 @@
 """`python -m gasless.cli ...` runs the `gasless` command."""
 
-from gasless.cli.main import main
+from gasless.cli import main
 
 main()

@@ -12,17 +12,18 @@ from typing import Annotated, Any, TypeVar
 
 import aiohttp
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.chain.gateway import GatewayClient
+from gasless.cli.common import EXIT_FAILED, fail, invalid_settings, read_pem
+from gasless.cli.output import CliConsole
 
 admin_app = typer.Typer(
     help="Operator commands: the billing contract (signed with the owner key) and public incidents.",
     no_args_is_help=True,
 )
-console = Console(stderr=True)
+console = CliConsole(stderr=True)
 T = TypeVar("T")
 
 ConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML settings file.")]
@@ -53,24 +54,27 @@ def _settings(
     try:
         return Settings.load(config_file=config, **overrides)
     except ValueError as exc:
-        console.print(f"[red]invalid settings:[/red] {exc}")
-        raise typer.Exit(2) from None
+        invalid_settings(exc)
 
 
-async def _with_owner(settings: Any, work: Callable[[Any], Awaitable[T]]) -> T:
-    from gasless.settlement.owner_tx import OwnerTransactor, load_owner_key
+def _owner_key(settings: Any) -> Any:
+    """The owner's key and the contract, checked before anything is sent (a usage error otherwise)."""
+    missing = []
+    if settings.owner_key_file is None:
+        missing.append("--owner-pem (the contract owner's PEM; or GASLESS_OWNER_KEY_FILE)")
+    if settings.network.contract_address is None:
+        missing.append("--contract (the billing contract; or GASLESS_CONTRACT_ADDRESS)")
+    if missing:
+        fail(f"needs {' and '.join(missing)}")
+    return read_pem(settings.owner_key_file, "--owner-pem")
 
-    if settings.owner_key_file is None or settings.network.contract_address is None:
-        console.print("[red]needs the owner key (--owner-pem) and the contract address (--contract)[/red]")
-        raise typer.Exit(2)
+
+async def _with_owner(settings: Any, key: Any, work: Callable[[Any], Awaitable[T]]) -> T:
+    from gasless.settlement.owner_tx import OwnerTransactor
+
     async with aiohttp.ClientSession() as http:
         gateway = GatewayClient(http, settings.effective_gateway_urls, timeout_ms=settings.gateway_timeout_ms)
-        owner = OwnerTransactor(
-            gateway,
-            load_owner_key(settings.owner_key_file),
-            settings.network.contract_address,
-            settings.network.chain_id,
-        )
+        owner = OwnerTransactor(gateway, key, settings.network.contract_address, settings.network.chain_id)
         return await work(owner)
 
 
@@ -86,11 +90,13 @@ def _owner_call(settings: Any, function: str, args: list[Any], what: str) -> Non
             raise OwnerCallError(f"{function} {state}: {reason or 'no reason given'} (tx {tx_hash})")
         return str(tx_hash)
 
+    key = _owner_key(settings)
     try:
-        tx_hash = asyncio.run(_with_owner(settings, work))
+        tx_hash = asyncio.run(_with_owner(settings, key, work))
+    except typer.Exit:
+        raise
     except Exception as exc:  # noqa: BLE001 - the operator gets the reason, not a traceback
-        console.print(f"[red]{what} failed:[/red] {exc}")
-        raise typer.Exit(1) from None
+        fail(f"{exc}", EXIT_FAILED, label=f"{what} failed")
     console.print(f"[green]{what}[/green]: executed in {tx_hash}")
     typer.echo(tx_hash)
 
@@ -173,6 +179,7 @@ def settle_now(
     from gasless.settlement.worker import SettlementWorker
 
     settings = _settings(config, gateway, contract, owner_pem, database_url)
+    key = _owner_key(settings)
 
     async def work(owner: Any) -> dict[str, Any] | None:
         engine = create_engine(settings.effective_database_url)
@@ -193,10 +200,11 @@ def settle_now(
             await engine.dispose()
 
     try:
-        batch = asyncio.run(_with_owner(settings, work))
+        batch = asyncio.run(_with_owner(settings, key, work))
+    except typer.Exit:
+        raise
     except Exception as exc:  # noqa: BLE001
-        console.print(f"[red]settle-now failed:[/red] {exc}")
-        raise typer.Exit(1) from None
+        fail(f"{exc}", EXIT_FAILED, label="settle-now failed")
     if batch is None or batch.get("execution") != "success":
         console.print(f"[red]the batch was not settled:[/red] {batch}")
         raise typer.Exit(1)
@@ -248,12 +256,20 @@ def verify_proof_command(
     """Check a usage proof against the `usageSettled` event of its batch, read from a gateway."""
     from gasless.settlement.proofs import ProofInvalid, usage_settled_events, verify_proof
 
-    if source.startswith(("http://", "https://")):
-        request = urllib.request.Request(source, headers={"X-Api-Key": api_key} if api_key else {})
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            proof = json.loads(answer.read())
-    else:
-        proof = json.loads(Path(source).read_text())
+    try:
+        if source.startswith(("http://", "https://")):
+            request = urllib.request.Request(source, headers={"X-Api-Key": api_key} if api_key else {})
+            try:
+                with urllib.request.urlopen(request, timeout=10) as answer:
+                    proof = json.loads(answer.read())
+            except OSError as exc:  # URLError, HTTPError, timeouts
+                fail(f"{source}: {exc}", EXIT_FAILED, label="cannot fetch the proof")
+        else:
+            proof = json.loads(Path(source).read_text())
+    except OSError as exc:
+        fail(f"{source}: {exc.strerror or exc}", label="cannot read the proof")
+    except ValueError as exc:  # JSON (and UnicodeDecodeError)
+        fail(f"{source}: not JSON ({exc})", label="cannot read the proof")
 
     async def fetch() -> list[dict[str, Any]]:
         async with aiohttp.ClientSession() as http:

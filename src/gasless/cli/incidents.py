@@ -17,15 +17,17 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from gasless.cli.common import invalid_settings
+from gasless.cli.output import CliConsole
 
 incident_app = typer.Typer(
     help="Declare, update, resolve and list public incidents (in the service database).",
     no_args_is_help=True,
 )
-console = Console(stderr=True)
+console = CliConsole(stderr=True)
 T = TypeVar("T")
 
 STATUSES = ("investigating", "identified", "monitoring", "resolved")
@@ -55,8 +57,7 @@ def _run(config: Path | None, database_url: str | None, work: Callable[[Any], Aw
     try:
         settings = Settings.load(config_file=config, **overrides)
     except ValueError as exc:
-        console.print(f"[red]invalid settings:[/red] {exc}")
-        raise typer.Exit(2) from None
+        invalid_settings(exc)
 
     async def main() -> T:
         engine = create_engine(settings.effective_database_url)

@@ -3,41 +3,56 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import signal
+import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gasless.cli.admin import register as register_admin
+from gasless.cli.auth import auth_app
+from gasless.cli.common import EXIT_FAILED, invalid_settings, one_line
+from gasless.cli.output import CliConsole
 from gasless.cli.relay import relay_app
+from gasless.cli.signals import StopRequested, run_until_stopped, stop_exit_code
 from gasless.logs import configure_logging
 
 app = typer.Typer(
     help="gasless: the gasless relaying service for MultiversX.", no_args_is_help=True, add_completion=False
 )
-console = Console(stderr=True)
+console = CliConsole(stderr=True)
 
 app.add_typer(relay_app, name="relay")
+app.add_typer(auth_app, name="auth")
 register_admin(app)  # gasless admin ..., gasless verify-proof
 
 
-def run_service(main: Coroutine[Any, Any, None]) -> None:
-    """Long-running servers run on uvloop (uvicorn's standard loop) where it exists."""
+def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run a long-running command's coroutine until it returns or a signal stops it (then StopRequested
+    is raised, once the coroutine has stopped what it started; see gasless.cli.signals). Servers run on
+    uvloop (uvicorn's standard loop) where it exists."""
     # The database threads hand the GIL back and forth with the event loop many times per transaction;
     # at the default 5 ms switch interval each hand-over can wait that long behind a busy loop.
     sys.setswitchinterval(0.0005)
     try:
         import uvloop
     except ImportError:  # pragma: no cover - uvloop is not built for every platform
-        asyncio.run(main)
+        run_until_stopped(main, asyncio.run)
         return
-    uvloop.run(main)
+    run_until_stopped(main, uvloop.run)
+
+
+def _stopped(stop: StopRequested) -> None:
+    console.print(f"stopped ({stop})")
+
+
+def _cannot_start(exc: Exception, code: int) -> NoReturn:
+    console.print(f"[red]cannot start:[/red] {escape(str(exc))}")
+    raise typer.Exit(code) from None
 
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="Where wallets, the database and secrets live.")]
@@ -103,16 +118,22 @@ def up(
     ] = None,
     redis_url: Annotated[str | None, typer.Option("--redis-url", help="redis://host:6379/0")] = None,
     metrics_port: Annotated[
-        int, typer.Option("--metrics-port", help="Admin port for /metrics (host b: + 1); 0 turns it off.")
+        int,
+        typer.Option(
+            "--metrics-port",
+            envvar="GASLESS_METRICS_PORT",
+            help="Admin port for /metrics (host b: + 1); 0 turns it off. In use: refused at start.",
+        ),
     ] = 9108,
 ) -> None:
     """Start the embedded default: localnet and the API host(s) on loopback, data under --data-dir."""
-    import os
-
     from gasless.embedded import (
         EmbeddedConfigError,
         EmbeddedOptions,
+        PortUnavailable,
+        ServerFailed,
         check_embedded,
+        embedded_listeners,
         local_master_secret,
         run_embedded,
     )
@@ -126,16 +147,27 @@ def up(
         database_url=database_url,
         redis_url=redis_url,
         metrics_port=metrics_port,
+        # The hosts' settings would read it too; the listener is bound before they exist.
+        metrics_host=os.environ.get("GASLESS_METRICS_HOST") or "127.0.0.1",
     )
     try:
         check_embedded(options)
-    except EmbeddedConfigError as exc:
-        console.print(f"[red]cannot start:[/red] {exc}")
-        raise typer.Exit(2) from None
+        # Every port before anything starts: a clash is one line, not a host running without metrics.
+        listeners = embedded_listeners(options)
+    except (EmbeddedConfigError, PortUnavailable) as exc:
+        _cannot_start(exc, 2)
     secret = os.environ.get("GASLESS_MASTER_SECRET") or local_master_secret(data_dir)
     configure_logging(json_lines=False, level="WARNING", secrets=[secret])
-    with contextlib.suppress(KeyboardInterrupt):
-        run_service(run_embedded(options, on_ready=_print_embedded))
+    console.print(f"starting localnet on port {localnet_port}, then the API (Ctrl-C stops at any moment)")
+    try:
+        run_service(lambda: run_embedded(options, listeners, on_ready=_print_embedded))
+    except StopRequested as stop:
+        _stopped(stop)
+        raise
+    except PortUnavailable as exc:  # localnet's port, taken since it was checked
+        _cannot_start(exc, 2)
+    except ServerFailed as exc:
+        _cannot_start(exc, 1)
 
 
 @app.command()
@@ -146,10 +178,17 @@ def localnet(
     gateways: Annotated[int, typer.Option("--gateways", help="How many gateways (consecutive ports).")] = 1,
 ) -> None:
     """Run the local network alone (gateway REST API + admin API under /localnet/)."""
+    from gasless.embedded import PortUnavailable, check_port
     from gasless.localnet.chain import ChainConfig
     from gasless.localnet.server import Localnet
     from gasless.settings import LOCALNET_PAYMENT_TOKEN
 
+    ports = [port + i if port else 0 for i in range(gateways)]
+    try:
+        for each in ports:
+            check_port("127.0.0.1", each, "the gateway port", "pass --port with free ports")
+    except PortUnavailable as exc:
+        _cannot_start(exc, 2)
     configure_logging(json_lines=False)
 
     async def main() -> None:
@@ -158,18 +197,27 @@ def localnet(
             payment_token=LOCALNET_PAYMENT_TOKEN,
             config=ChainConfig(round_ms=round_ms),
         )
-        urls = await net.start("127.0.0.1", [port + i if port else 0 for i in range(gateways)])
-        for url in urls:
-            console.print(f"localnet gateway: {url}  (admin: {url}/localnet/info)")
-        console.print(f"owner wallet: {net.info['ownerPem']}")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-        await net.stop()
+        try:
+            try:
+                urls = await net.start("127.0.0.1", ports)
+            except OSError as exc:  # taken since it was checked
+                raise PortUnavailable(
+                    f"a gateway port cannot be bound ({exc.strerror}): pass --port"
+                ) from None
+            for url in urls:
+                console.print(f"localnet gateway: {url}  (admin: {url}/localnet/info)")
+            console.print(f"owner wallet: {net.info['ownerPem']}")
+            await asyncio.Event().wait()  # until a signal cancels this
+        finally:
+            await net.stop()
 
-    run_service(main())
+    try:
+        run_service(main)
+    except StopRequested as stop:
+        _stopped(stop)
+        raise
+    except PortUnavailable as exc:
+        _cannot_start(exc, 2)
 
 
 @app.command()
@@ -179,7 +227,7 @@ def serve(
     config: Annotated[Path | None, typer.Option("--config", help="TOML settings file.")] = None,
 ) -> None:
     """Run the API alone against the configured gateways and database (GASLESS_* settings)."""
-    from gasless.embedded import local_master_secret, serve_api
+    from gasless.embedded import PortUnavailable, ServerFailed, host_listeners, local_master_secret, serve_api
     from gasless.settings import Settings
 
     overrides: dict[str, object] = {}
@@ -199,13 +247,19 @@ def serve(
             overrides["master_secret"] = local_master_secret(settings.data_dir)
             settings = Settings.load(config_file=config, **overrides)
     except ValueError as exc:
-        console.print(f"[red]invalid settings:[/red] {exc}")
-        raise typer.Exit(2) from None
+        invalid_settings(exc)
     assert settings.master_secret is not None
     configure_logging(
         json_lines=True, level=settings.log_level, secrets=[settings.master_secret.get_secret_value()]
     )
-    run_service(serve_api(settings, log_level=settings.log_level.lower()))
+    try:
+        listeners = host_listeners(settings)
+    except PortUnavailable as exc:
+        _cannot_start(exc, 2)
+    try:
+        run_service(lambda: serve_api(settings, listeners, log_level=settings.log_level.lower()))
+    except ServerFailed as exc:
+        _cannot_start(exc, 1)
 
 
 @app.command()
@@ -223,4 +277,22 @@ def errors(
 
 
 def main() -> None:
-    app()
+    try:
+        app()
+    except SystemExit:
+        # Typer turns an interrupt into 130; the status says which signal stopped the command.
+        code = stop_exit_code()
+        if code is not None:
+            raise SystemExit(code) from None
+        raise
+    except StopRequested as stop:  # outside typer's reach (its own start-up)
+        raise SystemExit(stop.exit_code) from None
+    except Exception as exc:
+        # Anything a command did not expect is still one line; GASLESS_DEBUG=1 keeps the traceback.
+        if os.environ.get("GASLESS_DEBUG"):
+            raise
+        console.print(
+            f"[red]error:[/red] {escape(type(exc).__name__)}: {escape(one_line(str(exc)))} "
+            "(GASLESS_DEBUG=1 shows the traceback)"
+        )
+        raise SystemExit(EXIT_FAILED) from None

@@ -13,27 +13,37 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from gasless.cli.common import errors, one_line, read_pem
+from gasless.cli.endpoints import EndpointError, check_api, check_gateway
+from gasless.cli.output import CliConsole
+
 if TYPE_CHECKING:
-    from gasless.client import RelayProblem
+    from gasless.client import RelayProblem, UserKey
 
 relay_app = typer.Typer(
     help="Relay transactions through a gasless API, as an integrator would.", no_args_is_help=True
 )
-out = Console()
+out = CliConsole()
 
 EXIT_OK, EXIT_NOT_SUCCESS, EXIT_REFUSED = 0, 1, 2
 STATE_ORDER = ("COSIGNED", "BROADCAST", "EXECUTED", "FINALIZED")
 TIMESTAMPS = ("receivedAtMs", "cosignedAtMs", "broadcastAtMs", "executedBlockTsMs", "finalizedAtMs")
 
-Api = Annotated[str, typer.Option("--api", help="Base URL of the relay API.")]
+DEFAULT_API = "http://127.0.0.1:8080"
+Api = Annotated[str, typer.Option("--api", envvar="GASLESS_API_URL", help="Base URL of the gasless API.")]
+Gateway = Annotated[
+    str | None,
+    typer.Option(
+        "--gateway", envvar="GASLESS_GATEWAY_URL", help="Gateway URL to read the sender's nonce from."
+    ),
+]
 
 
 def _problem(problem: RelayProblem) -> None:
-    out.print(f"[red]refused:[/red] {problem.status} [bold]{problem.code}[/bold] {problem.detail}")
+    out.print(f"[red]refused:[/red] {problem.status} [bold]{problem.code}[/bold] {escape(problem.detail)}")
     if problem.details:
         out.print(f"  details: {json.dumps(problem.details, separators=(',', ':'))[:2000]}")
     if problem.request_id:
@@ -80,7 +90,7 @@ async def _send(
     *,
     api: str,
     gateway: str | None,
-    pem: Path,
+    key: UserKey,
     to: str,
     value: int,
     data: str,
@@ -95,21 +105,28 @@ async def _send(
     import aiohttp
 
     from gasless.chain.addresses import InvalidAddress, parse_address
-    from gasless.client import RelayClient, RelayProblem, Transfer, UserKey, gateway_nonce, is_final
+    from gasless.client import RelayClient, RelayProblem, Transfer, gateway_nonce, is_final
 
     try:
         parse_address(to)
     except InvalidAddress:
-        out.print(f"[red]--to is not an erd1 address:[/red] {escape(to)}")
+        errors.print(f"[red]error:[/red] --to is not an erd1 address: {escape(to)}")
         return EXIT_REFUSED
-    key = UserKey.from_pem(pem)
+    if nonce is None and gateway is None:
+        errors.print("[red]error:[/red] --gateway (to read the account nonce) or --nonce is required")
+        return EXIT_REFUSED
     async with RelayClient(api) as client:
         try:
-            chain_id = await client.network_chain_id()
+            health = await check_api(client.session, api)
+            if gateway is not None:
+                await check_gateway(client.session, gateway)
+        except EndpointError as exc:
+            errors.print(f"[red]error:[/red] {escape(str(exc))}")
+            return EXIT_REFUSED
+        chain_id = health["chainId"]
+        try:
             if nonce is None:
-                if gateway is None:
-                    out.print("[red]--gateway (to read the account nonce) or --nonce is required[/red]")
-                    return EXIT_REFUSED
+                assert gateway is not None
                 nonce = await gateway_nonce(gateway, key.address, session=client.session)
             out.print(f"sender {key.address} (shard {key.shard}), nonce {nonce}, chain {chain_id}")
             assignment = await client.assign(key)
@@ -124,7 +141,7 @@ async def _send(
             _problem(problem)
             return EXIT_REFUSED
         except (aiohttp.ClientError, TimeoutError, RuntimeError, ValueError) as exc:
-            out.print(f"[red]failed:[/red] {type(exc).__name__}: {exc}")
+            errors.print(f"[red]failed:[/red] {type(exc).__name__}: {escape(one_line(str(exc)))}")
             return EXIT_REFUSED
         result = sent.result
         out.print(
@@ -165,12 +182,10 @@ async def _send(
 
 @relay_app.command("send")
 def send(
-    pem: Annotated[Path, typer.Option("--pem", help="The sender's PEM file.", exists=True, dir_okay=False)],
+    pem: Annotated[Path, typer.Option("--pem", help="The sender's PEM file.")],
     to: Annotated[str, typer.Option("--to", help="Receiver (erd1...).")],
-    api: Api = "http://127.0.0.1:8080",
-    gateway: Annotated[
-        str | None, typer.Option("--gateway", help="Gateway URL to read the sender's nonce from.")
-    ] = None,
+    api: Api = DEFAULT_API,
+    gateway: Gateway = None,
     value: Annotated[int, typer.Option("--value", help="Amount in atto (10^-18 EGLD).", min=0)] = 0,
     data: Annotated[str, typer.Option("--data", help="Data field (text).")] = "",
     gas_limit: Annotated[
@@ -192,11 +207,14 @@ def send(
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for finality.")] = 300.0,
 ) -> None:
     """Assign, sign once, relay one transfer and follow it until it is final."""
+    from gasless.client import UserKey
+
+    key = UserKey(read_pem(pem))
     code = asyncio.run(
         _send(
             api=api,
             gateway=gateway,
-            pem=pem,
+            key=key,
             to=to,
             value=value,
             data=data,
@@ -219,12 +237,17 @@ async def _status(api: str, ident: str, as_json: bool) -> int:
 
     async with RelayClient(api) as client:
         try:
+            await check_api(client.session, api)
+        except EndpointError as exc:
+            errors.print(f"[red]error:[/red] {escape(str(exc))}")
+            return EXIT_REFUSED
+        try:
             intent = await client.intent(ident)
         except RelayProblem as problem:
             _problem(problem)
             return EXIT_REFUSED
         except (aiohttp.ClientError, TimeoutError) as exc:
-            out.print(f"[red]failed:[/red] {type(exc).__name__}: {exc}")
+            errors.print(f"[red]failed:[/red] {type(exc).__name__}: {escape(one_line(str(exc)))}")
             return EXIT_REFUSED
     if as_json:
         out.print_json(json.dumps(intent))
@@ -236,7 +259,7 @@ async def _status(api: str, ident: str, as_json: bool) -> int:
 @relay_app.command("status")
 def status(
     ident: Annotated[str, typer.Argument(help="Intent id (<sender>:<nonce>) or transaction hash.")],
-    api: Api = "http://127.0.0.1:8080",
+    api: Api = DEFAULT_API,
     as_json: Annotated[bool, typer.Option("--json", help="Print the Intent as JSON.")] = False,
 ) -> None:
     """Show one intent (`GET /v1/relay/{id}`)."""

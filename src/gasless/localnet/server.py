@@ -62,12 +62,13 @@ class Localnet:
             app = build_gateway_app(self.chain, self.info)
             # Stop promptly even while a fault holds a request (a held send waits up to minutes).
             runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+            # Registered before it binds: `stop` releases it even when the start fails or is cancelled.
+            self._runners.append(runner)
             await runner.setup()
             site = web.TCPSite(runner, host, port)
             await site.start()
             bound = runner.addresses[0][1]
             self.apps.append(app)
-            self._runners.append(runner)
             self.urls.append(f"http://{host}:{bound}")
         self.info["gateways"] = list(self.urls)
         if self.auto_rounds:
