@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from gasless.cli.admin import register as register_admin
@@ -41,6 +42,12 @@ def run_service(main: Coroutine[Any, Any, None]) -> None:
 
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="Where wallets, the database and secrets live.")]
+
+
+def cannot_start(reason: str) -> typer.Exit:
+    """One line on stderr saying why and what to do; exit status 2."""
+    console.print(f"[red]cannot start:[/red] {escape(reason)}", soft_wrap=True)
+    return typer.Exit(2)
 
 
 def _print_embedded(hosts, localnet) -> None:  # type: ignore[no-untyped-def]
@@ -144,9 +151,16 @@ def localnet(
     data_dir: DataDir = Path("var"),
     round_ms: Annotated[int, typer.Option("--round-ms", help="Round duration in ms.")] = 600,
     gateways: Annotated[int, typer.Option("--gateways", help="How many gateways (consecutive ports).")] = 1,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh", help="Start a new chain (the wallets stay). Without it, the saved one resumes."
+        ),
+    ] = False,
 ) -> None:
     """Run the local network alone (gateway REST API + admin API under /localnet/)."""
     from gasless.localnet.chain import ChainConfig
+    from gasless.localnet.persist import SavedChainError
     from gasless.localnet.server import Localnet
     from gasless.settings import LOCALNET_PAYMENT_TOKEN
 
@@ -157,11 +171,14 @@ def localnet(
             data_dir=data_dir / "localnet",
             payment_token=LOCALNET_PAYMENT_TOKEN,
             config=ChainConfig(round_ms=round_ms),
+            fresh=fresh,
         )
         urls = await net.start("127.0.0.1", [port + i if port else 0 for i in range(gateways)])
         for url in urls:
             console.print(f"localnet gateway: {url}  (admin: {url}/localnet/info)")
         console.print(f"owner wallet: {net.info['ownerPem']}")
+        state = "resumed" if net.resumed else "new"
+        console.print(f"chain: {state}, saved in {data_dir / 'localnet' / 'chain'}")
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -169,7 +186,10 @@ def localnet(
         await stop.wait()
         await net.stop()
 
-    run_service(main())
+    try:
+        run_service(main())
+    except SavedChainError as exc:
+        raise cannot_start(str(exc)) from None
 
 
 @app.command()
