@@ -22,6 +22,7 @@ import structlog
 import uvicorn
 
 from gasless.app import create_app
+from gasless.host import HostState
 from gasless.localnet.chain import ChainConfig
 from gasless.localnet.owner import unpause
 from gasless.localnet.server import Localnet
@@ -35,6 +36,15 @@ HOST_IDS: tuple[HostId, ...] = ("a", "b")
 
 class EmbeddedConfigError(ValueError):
     """The embedded set-up cannot run as asked (the message says why and what to do)."""
+
+
+class ServiceRefused(RuntimeError):
+    """A host refused to start: its database belongs to another chain than the gateways serve."""
+
+    def __init__(self, reason: str, database_url: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.database_url = database_url
 
 
 @dataclass
@@ -140,7 +150,9 @@ def _bind(host: str, port: int) -> socket.socket | None:
         return None
 
 
-def _servers(settings: Settings, log_level: str) -> list[tuple[uvicorn.Server, list[socket.socket] | None]]:
+def _servers(
+    settings: Settings, log_level: str
+) -> tuple[HostState, list[tuple[uvicorn.Server, list[socket.socket] | None]]]:
     app = create_app(settings)
     api = _Server(
         uvicorn.Config(
@@ -173,12 +185,16 @@ def _servers(settings: Settings, log_level: str) -> list[tuple[uvicorn.Server, l
                 host_id=settings.host_id,
                 url=f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
             )
-    return servers
+    return app.state.host, servers
 
 
 async def serve_hosts(hosts: Sequence[Settings], *, log_level: str = "warning") -> None:
-    """Serve each host's API and admin port until SIGINT/SIGTERM (a second signal forces the exit)."""
-    servers = [server for settings in hosts for server in _servers(settings, log_level)]
+    """Serve each host's API and admin port until SIGINT/SIGTERM (a second signal forces the exit).
+
+    A host that refuses its chain (gasless.chain.identity) stops every server: ServiceRefused."""
+    built = [_servers(settings, log_level) for settings in hosts]
+    states = [state for state, _ in built]
+    servers = [server for _, host_servers in built for server in host_servers]
 
     def stop_all() -> None:
         for server, _ in servers:
@@ -193,14 +209,21 @@ async def serve_hosts(hosts: Sequence[Settings], *, log_level: str = "warning") 
             loop.add_signal_handler(sig, stop_all)
             installed.append(sig)
     tasks = [asyncio.create_task(server.serve(sockets)) for server, sockets in servers]
+    refusals = [asyncio.create_task(state.refused.wait()) for state in states]
     try:
-        # One server ending (a signal, a failed start) ends them all.
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        # One server ending (a signal, a failed start) or one host refusing ends them all.
+        await asyncio.wait([*tasks, *refusals], return_when=asyncio.FIRST_COMPLETED)
         stop_all()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
+        for waiter in refusals:
+            waiter.cancel()
         for sig in installed:
             loop.remove_signal_handler(sig)
+    refused = next((state for state in states if state.refusal is not None), None)
+    if refused is not None:
+        assert refused.refusal is not None
+        raise ServiceRefused(refused.refusal, refused.settings.effective_database_url)
 
 
 async def serve_api(settings: Settings, *, log_level: str = "warning") -> None:

@@ -50,6 +50,18 @@ def cannot_start(reason: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+def refused(reason: str, database: str, *, embedded: bool) -> typer.Exit:
+    """A host refused its chain (gasless.chain.identity): what differs, and what to do."""
+    if embedded:
+        advice = (
+            "start over with `gasless up --fresh` (a new chain and a new database), or point --database-url "
+            "at another database"
+        )
+    else:
+        advice = "point GASLESS_DATABASE_URL at this chain's database or an empty one"
+    return cannot_start(f"{reason} (database {_without_password(database)}): {advice}")
+
+
 def _print_embedded(hosts, localnet) -> None:  # type: ignore[no-untyped-def]
     first = hosts[0]
     storage = "SQLite" if first.effective_database_url.startswith("sqlite") else "PostgreSQL"
@@ -199,7 +211,7 @@ def serve(
     config: Annotated[Path | None, typer.Option("--config", help="TOML settings file.")] = None,
 ) -> None:
     """Run the API alone against the configured gateways and database (GASLESS_* settings)."""
-    from gasless.embedded import local_master_secret, serve_api
+    from gasless.embedded import ServiceRefused, local_master_secret, serve_api
     from gasless.settings import Settings
 
     overrides: dict[str, object] = {}
@@ -225,7 +237,10 @@ def serve(
     configure_logging(
         json_lines=True, level=settings.log_level, secrets=[settings.master_secret.get_secret_value()]
     )
-    run_service(serve_api(settings, log_level=settings.log_level.lower()))
+    try:
+        run_service(serve_api(settings, log_level=settings.log_level.lower()))
+    except ServiceRefused as exc:
+        raise refused(exc.reason, exc.database_url, embedded=False) from None
 
 
 @app.command()
