@@ -3,6 +3,10 @@
 One host runs on SQLite (the default). Two hosts (`gasless up --hosts 2`) need PostgreSQL: two processes
 cannot share SQLite's single writer, and the hosts must share the database that holds intents, idempotency
 keys and the singleton locks.
+
+A second start on the same data directory resumes: localnet's chain is saved there, and the database knows
+which chain it belongs to (a host refuses another one: `ServiceRefused`). `fresh` starts over: a new chain,
+and a new SQLite database; a PostgreSQL database is never dropped (see `reset_database`).
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from typing import Any
 
 import structlog
 import uvicorn
+from sqlalchemy.engine import make_url
 
 from gasless.app import create_app
+from gasless.db import create_engine, current_revision
 from gasless.host import HostState
 from gasless.localnet.chain import ChainConfig
 from gasless.localnet.owner import unpause
@@ -58,6 +64,12 @@ class EmbeddedOptions:
     database_url: str | None = None  # else GASLESS_DATABASE_URL, else SQLite under data_dir
     redis_url: str | None = None  # else GASLESS_REDIS_URL
     metrics_port: int = 9108  # host i serves its metrics on metrics_port + i; 0 turns them off
+    fresh: bool = False  # a new chain and a new SQLite database (see reset_database)
+
+    @property
+    def effective_database_url(self) -> str:
+        explicit = self.database_url or os.environ.get("GASLESS_DATABASE_URL")
+        return explicit or f"sqlite+aiosqlite:///{(self.data_dir / 'gasless.db').as_posix()}"
 
 
 def local_master_secret(data_dir: Path) -> str:
@@ -76,8 +88,7 @@ def check_embedded(options: EmbeddedOptions) -> None:
     """Refuse a set-up that cannot work, before anything starts."""
     if options.hosts not in (1, 2):
         raise EmbeddedConfigError("--hosts is 1 or 2 (hosts a and b)")
-    url = options.database_url or os.environ.get("GASLESS_DATABASE_URL") or ""
-    if options.hosts > 1 and not url.startswith("postgresql"):
+    if options.hosts > 1 and not options.effective_database_url.startswith("postgresql"):
         raise EmbeddedConfigError(
             "two hosts need PostgreSQL: SQLite has one writer and cannot be shared by two processes. "
             "Pass --database-url postgresql+asyncpg://user@host:5432/db (or set GASLESS_DATABASE_URL), "
@@ -85,15 +96,51 @@ def check_embedded(options: EmbeddedOptions) -> None:
         )
 
 
+async def check_fresh(options: EmbeddedOptions) -> None:
+    """`--fresh` never drops a PostgreSQL database (it may be shared, or hold more than gasless' tables): it
+    refuses one that gasless already wrote to, before anything starts."""
+    url = options.effective_database_url
+    if not options.fresh or url.startswith("sqlite"):
+        return
+    engine = create_engine(url)
+    try:
+        revision = await current_revision(engine)
+    except Exception as exc:  # unreachable, refused: --fresh must know what it would start on
+        raise EmbeddedConfigError(
+            f"--fresh cannot read the database given: {type(exc).__name__}: {exc}"
+        ) from None
+    finally:
+        await engine.dispose()
+    if revision is not None:
+        raise EmbeddedConfigError(
+            "--fresh starts a new chain, and the PostgreSQL database given already holds gasless data, which "
+            "gasless never drops: point --database-url at an empty database, or drop and recreate this one "
+            "yourself first"
+        )
+
+
+def reset_database(url: str) -> None:
+    """Delete the SQLite database file (with its WAL and shared-memory files) for `--fresh`."""
+    if not url.startswith("sqlite"):
+        return  # check_fresh made sure a PostgreSQL database holds nothing of gasless
+    path = make_url(url).database
+    if path and path != ":memory:":
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(path + suffix).unlink(missing_ok=True)
+
+
 async def start_localnet(options: EmbeddedOptions) -> Localnet:
     localnet = Localnet(
         data_dir=options.data_dir / "localnet",
         payment_token=LOCALNET_PAYMENT_TOKEN,
         config=ChainConfig(round_ms=options.round_ms),
+        fresh=options.fresh,
     )
     await localnet.start(options.host, [options.localnet_port])
-    # Deployed paused, like the real contract; the owner unpauses it with a real transaction.
-    await unpause(localnet.urls[0], localnet.genesis.owner, localnet.info["contract"])
+    if not localnet.resumed:
+        # Deployed paused, like the real contract; the owner unpauses it with a real transaction. A resumed
+        # chain keeps the pause flags it had.
+        await unpause(localnet.urls[0], localnet.genesis.owner, localnet.info["contract"])
     return localnet
 
 
@@ -235,8 +282,11 @@ async def run_embedded(
 ) -> None:
     """Start localnet, then the API host(s); stop everything on Ctrl-C or SIGTERM."""
     check_embedded(options)
-    localnet = await start_localnet(options)
+    await check_fresh(options)
+    localnet = await start_localnet(options)  # holds the data directory's chain from here
     try:
+        if options.fresh:
+            reset_database(options.effective_database_url)
         hosts = [embedded_settings(options, localnet, index) for index in range(options.hosts)]
         if on_ready is not None:
             on_ready(hosts, localnet)

@@ -124,6 +124,14 @@ def up(
     metrics_port: Annotated[
         int, typer.Option("--metrics-port", help="Admin port for /metrics (host b: + 1); 0 turns it off.")
     ] = 9108,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Start over: a new chain and a new SQLite database (wallets and the master secret stay). "
+            "Without it, a second start resumes both.",
+        ),
+    ] = False,
 ) -> None:
     """Start the embedded default: localnet and the API host(s) on loopback, data under --data-dir."""
     import os
@@ -131,10 +139,12 @@ def up(
     from gasless.embedded import (
         EmbeddedConfigError,
         EmbeddedOptions,
+        ServiceRefused,
         check_embedded,
         local_master_secret,
         run_embedded,
     )
+    from gasless.localnet.persist import SavedChainError
 
     options = EmbeddedOptions(
         data_dir=data_dir,
@@ -145,16 +155,21 @@ def up(
         database_url=database_url,
         redis_url=redis_url,
         metrics_port=metrics_port,
+        fresh=fresh,
     )
     try:
         check_embedded(options)
     except EmbeddedConfigError as exc:
-        console.print(f"[red]cannot start:[/red] {exc}")
-        raise typer.Exit(2) from None
+        raise cannot_start(str(exc)) from None
     secret = os.environ.get("GASLESS_MASTER_SECRET") or local_master_secret(data_dir)
     configure_logging(json_lines=False, level="WARNING", secrets=[secret])
-    with contextlib.suppress(KeyboardInterrupt):
-        run_service(run_embedded(options, on_ready=_print_embedded))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            run_service(run_embedded(options, on_ready=_print_embedded))
+    except (EmbeddedConfigError, SavedChainError) as exc:
+        raise cannot_start(str(exc)) from None
+    except ServiceRefused as exc:
+        raise refused(exc.reason, exc.database_url, embedded=True) from None
 
 
 @app.command()
