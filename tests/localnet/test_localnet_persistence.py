@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -13,10 +14,11 @@ import requests
 from multiversx_sdk import AwaitingOptions, ProxyNetworkProvider, Transaction, TransactionComputer
 from test_localnet_contract_calls import DEPOSIT, USDC, account_view, relayed_deposit
 
+from gasless import __version__
 from gasless.chain.addresses import METACHAIN, address_of
 from gasless.localnet.chain import ChainConfig
 from gasless.localnet.owner import unpause
-from gasless.localnet.persist import SavedChainError
+from gasless.localnet.persist import FORMAT, SHAPE, SavedChainError
 from gasless.localnet.server import Localnet
 from gasless.settings import LOCALNET_PAYMENT_TOKEN
 
@@ -227,14 +229,23 @@ def test_a_saved_chain_is_refused_when_it_cannot_be_resumed(tmp_path: Path) -> N
         _localnet(data_dir)
     owner.write_bytes(saved_owner)
 
-    # A format this version does not read (e.g. written by another version of gasless).
+    # A format this version does not read (e.g. written by another version of gasless), or saved classes of
+    # another shape (a field added or renamed since).
     head = chain_dir / "head.bin"
     saved_head = head.read_bytes()
-    head.write_bytes(saved_head.replace(b"gasless-localnet-chain 1 ", b"gasless-localnet-chain 0 ", 1))
-    with pytest.raises(
-        SavedChainError, match=r"has format 0 .* reads format 1: start a new chain with --fresh"
+    header = f"gasless-localnet-chain {FORMAT} {__version__} {SHAPE}\n".encode()
+    assert saved_head.startswith(header)
+    for written, found in (
+        (f"0 0.0.9 {SHAPE}", f"0/{SHAPE}"),
+        (f"{FORMAT} 0.0.9 0123abcd", f"{FORMAT}/0123abcd"),
     ):
-        _localnet(data_dir)
+        head.write_bytes(f"gasless-localnet-chain {written}\n".encode() + saved_head[len(header) :])
+        expected = (
+            f"has format {found} (written by gasless 0.0.9), and this gasless {__version__} reads format "
+        )
+        expected += f"{FORMAT}/{SHAPE}: start a new chain with --fresh"
+        with pytest.raises(SavedChainError, match=re.escape(expected)):
+            _localnet(data_dir)
     head.write_bytes(b"not a chain\n")
     with pytest.raises(SavedChainError, match="is not a saved localnet chain"):
         _localnet(data_dir)

@@ -16,16 +16,20 @@ frame is appended and fsynced, then the head goes to a temporary file that is fs
 old head, and the directory is fsynced. A crash at any point leaves a complete older
 head, which ignores any history bytes past the length it names (the next write cuts them off).
 
-Format: each file starts with the line `gasless-localnet-chain <format> <gasless version>`; the body is
-pickle (protocol 5). Transactions are kept in the gateway's JSON form and hyperblocks already held by an
-earlier frame as references, so the files name only gasless' own classes and a few standard types; the
-loader accepts nothing else. A file of another format is refused with a message that says what to do.
+Format: each file starts with the line `gasless-localnet-chain <format> <gasless version> <shape>`; the
+body is pickle (protocol 5). Transactions are kept in the gateway's JSON form and hyperblocks already held
+by an earlier frame as references, so the files name only the classes of `SAVED_CLASSES` and a few standard
+types; the loader accepts nothing else. `shape` is a digest of those classes' fields: a class that changes
+shape makes the files of earlier versions another format. A file of another format or shape is refused
+with a message that says what to do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copyreg
+import dataclasses
+import hashlib
 import io
 import os
 import pickle
@@ -40,19 +44,70 @@ from multiversx_sdk import Transaction
 
 from gasless import __version__
 from gasless.chain.codec import tx_from_wire
-from gasless.localnet.chain import ChainConfig, HyperBlock, LocalChain, TxRecord
+from gasless.chain.gas import GasRules
+from gasless.localnet.chain import Block, BlockRef, ChainConfig, HyperBlock, LocalChain, TxRecord
+from gasless.localnet.contracts import billing_state
+from gasless.localnet.contracts.billing import BillingContract
+from gasless.localnet.contracts.venue import PairContract, PairState, WrapperContract, WrapperState
+from gasless.localnet.processing import Outcome
+from gasless.localnet.state import Account, Guardian
+from gasless.localnet.vm import LogEvent
 
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX: no lock, the data directory is the user's to share
     fcntl = None  # type: ignore[assignment]
 
-FORMAT = 1
+FORMAT = 1  # the layout of the files; their content's shape is SHAPE
 MAGIC = b"gasless-localnet-chain"
 FRAME = struct.Struct(">QI")  # payload length, CRC-32 of the payload
 PROTOCOL = 5
 
-# What a saved chain may name besides gasless' own classes.
+# Every class a saved chain holds, besides a few standard types. A class missing here cannot be loaded (the
+# resume tests fail), and their fields make SHAPE.
+SAVED_CLASSES: tuple[type, ...] = (
+    ChainConfig,
+    GasRules,
+    Block,
+    BlockRef,
+    HyperBlock,
+    TxRecord,
+    Outcome,
+    LogEvent,
+    Account,
+    Guardian,
+    BillingContract,
+    billing_state.BillingState,
+    billing_state.BillingConfig,
+    billing_state.PendingFee,
+    billing_state.PauseState,
+    billing_state.Tier,
+    billing_state.RateClass,
+    billing_state.TariffEntry,
+    billing_state.RelayerInfo,
+    billing_state.PlanBlock,
+    billing_state.PaygSettings,
+    billing_state.AccountState,
+    billing_state.Settlement,
+    PairContract,
+    PairState,
+    WrapperContract,
+    WrapperState,
+)
+_SAVED = {(cls.__module__, cls.__qualname__): cls for cls in SAVED_CLASSES}
+
+
+def _shape_of(cls: type) -> str:
+    if dataclasses.is_dataclass(cls):
+        members = ",".join(f"{f.name}:{f.type}" for f in dataclasses.fields(cls))
+    else:  # a contract model: its fields are its state (a dataclass above) and its ABI file
+        members = f"state,abi:{cls.abi_file.name}"  # type: ignore[attr-defined]
+    return f"{cls.__module__}.{cls.__qualname__}({members})"
+
+
+SHAPE = hashlib.sha256("\n".join(map(_shape_of, SAVED_CLASSES)).encode()).hexdigest()[:16]
+
+# The standard types a saved chain may name.
 _STANDARD = {
     "builtins": {"bytes", "bytearray", "complex", "dict", "frozenset", "list", "set", "tuple"},
     "collections": {"Counter", "OrderedDict", "defaultdict", "deque"},
@@ -65,21 +120,21 @@ class SavedChainError(RuntimeError):
 
 
 def _header() -> bytes:
-    return b"%s %d %s\n" % (MAGIC, FORMAT, __version__.encode())
+    return f"{MAGIC.decode()} {FORMAT} {__version__} {SHAPE}\n".encode()
 
 
 def _check_header(path: Path, line: bytes) -> None:
-    parts = line.split()
-    if len(parts) != 3 or parts[0] != MAGIC:
+    parts = line.decode(errors="replace").split()
+    if len(parts) < 3 or parts[0] != MAGIC.decode():
         raise SavedChainError(
             f"{path} is not a saved localnet chain: move it away, or start over with --fresh"
         )
-    found, writer = parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
-    if found != str(FORMAT):
+    found, writer, shape = parts[1], parts[2], parts[3] if len(parts) > 3 else "-"
+    if (found, shape) != (str(FORMAT), SHAPE):
         raise SavedChainError(
-            f"the chain saved in {path.parent} has format {found} (written by gasless {writer}), and this "
-            f"gasless {__version__} reads format {FORMAT}: start a new chain with --fresh, or run gasless "
-            f"{writer} to keep this one"
+            f"the chain saved in {path.parent} has format {found}/{shape} (written by gasless {writer}), and "
+            f"this gasless {__version__} reads format {FORMAT}/{SHAPE}: start a new chain with --fresh, or "
+            f"run gasless {writer} to keep this one"
         )
 
 
@@ -133,10 +188,8 @@ class _Unpickler(pickle.Unpickler):
             return _transaction
         if name in _STANDARD.get(module, ()):
             return super().find_class(module, name)
-        if module.startswith("gasless."):
-            found = super().find_class(module, name)
-            if isinstance(found, type):
-                return found
+        if (module, name) in _SAVED:
+            return _SAVED[module, name]
         raise pickle.UnpicklingError(f"{module}.{name} is not part of a saved chain")
 
 
