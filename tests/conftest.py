@@ -6,7 +6,7 @@ import asyncio
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -138,6 +138,7 @@ class RunningLocalnet:
         from gasless.settings import LOCALNET_PAYMENT_TOKEN
 
         self.loop = asyncio.new_event_loop()
+        self.closed = False
         self.net = Localnet(
             data_dir=data_dir, payment_token=LOCALNET_PAYMENT_TOKEN, config=ChainConfig(round_ms=round_ms)
         )
@@ -178,9 +179,15 @@ class RunningLocalnet:
         self.close()
 
     def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.net.stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        """Stop the gateways and the rounds, and save the chain (its data directory can be resumed)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            asyncio.run_coroutine_threadsafe(self.net.stop(), self.loop).result(10)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
 
 
 @pytest.fixture
@@ -188,6 +195,21 @@ def localnet(tmp_path: Path) -> Iterator[RunningLocalnet]:
     """A fresh localnet with 100 ms rounds and one gateway."""
     with RunningLocalnet(tmp_path / "localnet", round_ms=100, gateways=1) as net:
         yield net
+
+
+@pytest.fixture
+def run_localnet() -> Iterator[Callable[..., RunningLocalnet]]:
+    """Start localnets on data directories of the test's choosing (a restart resumes the saved chain);
+    whatever is still running at the end is stopped."""
+    started: list[RunningLocalnet] = []
+
+    def start(data_dir: Path, round_ms: int = 100, gateways: int = 1) -> RunningLocalnet:
+        started.append(RunningLocalnet(data_dir, round_ms=round_ms, gateways=gateways))
+        return started[-1]
+
+    yield start
+    for net in started:
+        net.close()
 
 
 @pytest.fixture

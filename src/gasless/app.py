@@ -29,6 +29,7 @@ from gasless.billing.gate import BillingGate, FreeFlowLimits
 from gasless.billing.policy import MAX_DATA_BYTES_SELF_SERVE, AdmissionPolicy
 from gasless.billing.unbilled import UnbilledEntitlement
 from gasless.chain.gateway import GatewayClient
+from gasless.chain.identity import ChainGuard, ChainIdentityRepository, ChainMismatch
 from gasless.chain.network import NetworkView
 from gasless.db import create_engine, ping, upgrade
 from gasless.db.leader import SingletonRunner
@@ -88,7 +89,8 @@ async def _start_relay_core(
     signer_wrapper: Callable[[Signer], Signer] | None,
     entitlement_factory: Callable[[ContractMirror], Entitlement] | None,
 ) -> None:
-    """Reach the network, claim the signer, restore in-flight intents; then the host is ready."""
+    """Reach the network, check it is the database's chain, claim the signer, restore in-flight intents;
+    then the host is ready. On another chain the host refuses and stops here: nothing acts on the database."""
     assert state.engine is not None and state.http is not None
     gateway = GatewayClient(
         state.http, settings.effective_gateway_urls, timeout_ms=settings.gateway_timeout_ms
@@ -103,6 +105,14 @@ async def _start_relay_core(
             state.startup_error = f"network: {type(exc).__name__}"
             log.warning("network unreachable at start-up; retrying", error=type(exc).__name__)
             await asyncio.sleep(1.0)
+    try:
+        verified = await _verify_chain(state, gateway, network)
+    except BaseException:
+        await network.stop()
+        raise
+    if not verified:
+        await network.stop()  # nothing reads the chain on this host from here
+        return
     state.gateway, state.network = gateway, network
     inner: Signer = PemSigner.from_files(settings.relayer_key_files)
     if signer_wrapper is not None:
@@ -232,6 +242,31 @@ async def _start_relay_core(
     log.info("host ready", host_id=settings.host_id, network=settings.profile, recovered=recovered)
 
 
+async def _verify_chain(state: HostState, gateway: GatewayClient, network: NetworkView) -> bool:
+    """The chain identity check (gasless.chain.identity); False when the host refuses to start."""
+    assert state.engine is not None
+    guard = ChainGuard(ChainIdentityRepository(state.engine), gateway, network)
+
+    def waiting(why: str) -> None:
+        state.startup_error = why
+
+    while True:
+        try:
+            await guard.verify(waiting)
+            break
+        except ChainMismatch as exc:
+            state.refuse(exc.reason)
+            log.error("refusing to start: the database belongs to another chain", reason=exc.reason)
+            return False
+        except Exception as exc:  # the gateways or the database failed: retry, not ready meanwhile
+            state.startup_error = f"chain: {type(exc).__name__}"
+            log.warning("chain identity check failed; retrying", error=repr(exc))
+            await asyncio.sleep(1.0)
+    network.on_poll(guard.on_poll)
+    state.chain_guard = guard
+    return True
+
+
 def _add_billing_workers(
     state: HostState,
     settings: Settings,
@@ -296,6 +331,9 @@ def _chain_now_ms(network: NetworkView) -> int:
 
 
 async def _stop_relay_core(state: HostState) -> None:
+    if state.chain_guard is not None:
+        with contextlib.suppress(Exception):
+            await state.chain_guard.record()  # the newest final hyperblock this host saw
     for part in (state.singletons, state.tracker, state.relayers, state.signer, state.network):
         if part is not None:
             with contextlib.suppress(Exception):
@@ -488,7 +526,7 @@ def create_app(
             response.status_code = 503
         leadership = state.singletons.leadership() if state.singletons is not None else {}
         return health(
-            "ok" if ready else ("starting" if not state.restored else "unavailable"),
+            "ok" if ready else ("starting" if not (state.restored or state.refusal) else "unavailable"),
             checks,
             {role: "leader" if leads else "standby" for role, leads in leadership.items()},
         )

@@ -3,6 +3,10 @@
 One host runs on SQLite (the default). Two hosts (`gasless up --hosts 2`) need PostgreSQL: two processes
 cannot share SQLite's single writer, and the hosts must share the database that holds intents, idempotency
 keys and the singleton locks.
+
+A second start on the same data directory resumes: localnet's chain is saved there, and the database knows
+which chain it belongs to (a host refuses another one: `ServiceRefused`). `fresh` starts over: a new chain,
+and a new SQLite database; a PostgreSQL database is never dropped (see `reset_database`).
 """
 
 from __future__ import annotations
@@ -20,8 +24,11 @@ from typing import Any
 
 import structlog
 import uvicorn
+from sqlalchemy.engine import make_url
 
 from gasless.app import create_app
+from gasless.db import create_engine, current_revision
+from gasless.host import HostState
 from gasless.localnet.chain import ChainConfig
 from gasless.localnet.owner import unpause
 from gasless.localnet.server import Localnet
@@ -37,6 +44,15 @@ class EmbeddedConfigError(ValueError):
     """The embedded set-up cannot run as asked (the message says why and what to do)."""
 
 
+class ServiceRefused(RuntimeError):
+    """A host refused to start: its database belongs to another chain than the gateways serve."""
+
+    def __init__(self, reason: str, database_url: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.database_url = database_url
+
+
 @dataclass
 class EmbeddedOptions:
     data_dir: Path
@@ -49,6 +65,12 @@ class EmbeddedOptions:
     redis_url: str | None = None  # else GASLESS_REDIS_URL
     metrics_port: int = 9108  # host i serves its metrics on metrics_port + i; 0 turns them off
     metrics_host: str = "127.0.0.1"
+    fresh: bool = False  # a new chain and a new SQLite database (see reset_database)
+
+    @property
+    def effective_database_url(self) -> str:
+        explicit = self.database_url or os.environ.get("GASLESS_DATABASE_URL")
+        return explicit or f"sqlite+aiosqlite:///{(self.data_dir / 'gasless.db').as_posix()}"
 
 
 def local_master_secret(data_dir: Path) -> str:
@@ -70,8 +92,7 @@ def check_embedded(options: EmbeddedOptions) -> None:
     """Refuse a set-up that cannot work, before anything starts."""
     if options.hosts not in (1, 2):
         raise EmbeddedConfigError("--hosts is 1 or 2 (hosts a and b)")
-    url = options.database_url or os.environ.get("GASLESS_DATABASE_URL") or ""
-    if options.hosts > 1 and not url.startswith("postgresql"):
+    if options.hosts > 1 and not options.effective_database_url.startswith("postgresql"):
         raise EmbeddedConfigError(
             "two hosts need PostgreSQL: SQLite has one writer and cannot be shared by two processes. "
             "Pass --database-url postgresql+asyncpg://user@host:5432/db (or set GASLESS_DATABASE_URL), "
@@ -174,11 +195,45 @@ def host_listeners(settings: Settings) -> Listeners:
     return Listeners(api, metrics)
 
 
+async def check_fresh(options: EmbeddedOptions) -> None:
+    """`--fresh` never drops a PostgreSQL database (it may be shared, or hold more than gasless' tables): it
+    refuses one that gasless already wrote to, before anything starts."""
+    url = options.effective_database_url
+    if not options.fresh or url.startswith("sqlite"):
+        return
+    engine = create_engine(url)
+    try:
+        revision = await current_revision(engine)
+    except Exception as exc:  # unreachable, refused: --fresh must know what it would start on
+        raise EmbeddedConfigError(
+            f"--fresh cannot read the database given: {type(exc).__name__}: {exc}"
+        ) from None
+    finally:
+        await engine.dispose()
+    if revision is not None:
+        raise EmbeddedConfigError(
+            "--fresh starts a new chain, and the PostgreSQL database given already holds gasless data, which "
+            "gasless never drops: point --database-url at an empty database, or drop and recreate this one "
+            "yourself first"
+        )
+
+
+def reset_database(url: str) -> None:
+    """Delete the SQLite database file (with its WAL and shared-memory files) for `--fresh`."""
+    if not url.startswith("sqlite"):
+        return  # check_fresh made sure a PostgreSQL database holds nothing of gasless
+    path = make_url(url).database
+    if path and path != ":memory:":
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            Path(path + suffix).unlink(missing_ok=True)
+
+
 async def start_localnet(options: EmbeddedOptions) -> Localnet:
     localnet = Localnet(
         data_dir=options.data_dir / "localnet",
         payment_token=LOCALNET_PAYMENT_TOKEN,
         config=ChainConfig(round_ms=options.round_ms),
+        fresh=options.fresh,
     )
     try:
         try:
@@ -187,8 +242,10 @@ async def start_localnet(options: EmbeddedOptions) -> Localnet:
             raise PortUnavailable(
                 f"the localnet gateway port {options.host}:{options.localnet_port} {_why(exc)}: {LOCALNET_HINT}"
             ) from None
-        # Deployed paused, like the real contract; the owner unpauses it with a real transaction.
-        await unpause(localnet.urls[0], localnet.genesis.owner, localnet.info["contract"])
+        if not localnet.resumed:
+            # Deployed paused, like the real contract; the owner unpauses it with a real transaction. A
+            # resumed chain keeps the pause flags it had.
+            await unpause(localnet.urls[0], localnet.genesis.owner, localnet.info["contract"])
     except BaseException:  # cancelled (a signal) or failed: release what started
         with contextlib.suppress(Exception):
             await localnet.stop()
@@ -254,7 +311,7 @@ class _Server(uvicorn.Server):
 
 def _servers(
     settings: Settings, listeners: Listeners, log_level: str
-) -> list[tuple[uvicorn.Server, list[socket.socket]]]:
+) -> tuple[HostState, list[tuple[uvicorn.Server, list[socket.socket]]]]:
     app = create_app(settings)
     api = _Server(
         uvicorn.Config(
@@ -283,7 +340,7 @@ def _servers(
             host_id=settings.host_id,
             url=f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
         )
-    return servers
+    return app.state.host, servers
 
 
 async def serve_hosts(
@@ -294,22 +351,32 @@ async def serve_hosts(
 ) -> None:
     """Serve each host's API and admin port on its listeners until cancelled (the CLI cancels on SIGINT or
     SIGTERM) or until one server ends; every server shuts down cleanly either way. `on_listening` runs
-    once all serve."""
-    servers = [server for settings, listeners in hosts for server in _servers(settings, listeners, log_level)]
+    once all serve. A host that refuses its chain (gasless.chain.identity) stops every server:
+    ServiceRefused."""
+    built = [_servers(settings, listeners, log_level) for settings, listeners in hosts]
+    states = [state for state, _ in built]
+    servers = [server for _, host_servers in built for server in host_servers]
     tasks = [asyncio.create_task(server.serve(sockets)) for server, sockets in servers]
+    refusals = [asyncio.create_task(state.refused.wait()) for state in states]
     listening = asyncio.ensure_future(asyncio.gather(*(server.listening.wait() for server, _ in servers)))
     try:
         await asyncio.wait([listening, *tasks], return_when=asyncio.FIRST_COMPLETED)
         if listening.done() and on_listening is not None:
             on_listening()
-        # One server ending (a failed start) ends them all.
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        # One server ending (a failed start) or one host refusing its chain ends them all.
+        await asyncio.wait([*tasks, *refusals], return_when=asyncio.FIRST_COMPLETED)
     finally:
         listening.cancel()
+        for waiter in refusals:
+            waiter.cancel()
         for server, _ in servers:
             server.should_exit = True
         # Not gather: a cancelled gather would cancel the servers mid-shutdown.
         await asyncio.wait(tasks)
+    refused = next((state for state in states if state.refusal is not None), None)
+    if refused is not None:
+        assert refused.refusal is not None
+        raise ServiceRefused(refused.refusal, refused.settings.effective_database_url)
     for task in tasks:
         if task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
@@ -332,8 +399,11 @@ async def run_embedded(
     runs once every host listens."""
     try:
         check_embedded(options)
-        localnet = await start_localnet(options)
+        await check_fresh(options)
+        localnet = await start_localnet(options)  # holds the data directory's chain from here
         try:
+            if options.fresh:
+                reset_database(options.effective_database_url)
             hosts = [embedded_settings(options, localnet, index) for index in range(options.hosts)]
             await serve_hosts(
                 list(zip(hosts, listeners, strict=True)),

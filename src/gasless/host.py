@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -19,6 +20,7 @@ from gasless.auth.native_auth import NativeAuthVerifier
 from gasless.auth.origins import OriginPolicy
 from gasless.auth.roles import AccountRoles
 from gasless.chain.gateway import GatewayClient
+from gasless.chain.identity import ChainGuard
 from gasless.chain.network import NetworkView
 from gasless.crypto import PurposeKeys
 from gasless.db.leader import SingletonRunner
@@ -113,6 +115,11 @@ class HostState:
     incident_service: IncidentService | None = None
     incident_watch: IncidentWatch | None = None
     startup_error: str | None = None
+    # The chain: its identity checked against the database's at start (gasless.chain.identity). A refusal
+    # (another chain) keeps the host unready for good; `refused` lets a server process exit on it.
+    chain_guard: ChainGuard | None = None
+    refusal: str | None = None
+    refused: asyncio.Event = field(default_factory=asyncio.Event)
     # Billing contract mirror, account reads, settlement (the workers run on the role's leader only).
     mirror_repo: MirrorRepository | None = None
     mirror_follower: MirrorFollower | None = None
@@ -133,13 +140,29 @@ class HostState:
             return None
         return int(seq)
 
+    def refuse(self, reason: str) -> None:
+        """Never become ready: the database belongs to another chain than the gateways serve."""
+        self.refusal = reason
+        self.startup_error = f"chain mismatch: {reason}"
+        self.refused.set()
+
+    def unavailable(self) -> ApiError:
+        """The 503 of a route that needs the relay core: the host is still starting, or refuses its chain."""
+        if self.refusal is not None:
+            return ApiError(
+                "UPSTREAM_UNAVAILABLE",
+                detail=f"this host refuses to serve: {self.refusal}",
+                details={"retryAfterMs": 60_000},
+            )
+        return ApiError(
+            "UPSTREAM_UNAVAILABLE",
+            detail="this host is still starting (restoring state, reaching the network); retry shortly",
+            details={"retryAfterMs": 1_000},
+        )
+
     def _require(self, value: Any) -> Any:
         if value is None or not self.restored:
-            raise ApiError(
-                "UPSTREAM_UNAVAILABLE",
-                detail="this host is still starting (restoring state, reaching the network); retry shortly",
-                details={"retryAfterMs": 1_000},
-            )
+            raise self.unavailable()
         return value
 
     @property

@@ -194,7 +194,8 @@ async def test_one_stalled_shard_does_not_look_like_a_skew(localnet, view, sessi
     # Without a skew, a stalled shard only gets older and never wins either.
     await set_faults(session, localnet.url, {"chain": {"clockOffsetMs": 0}})
     await asyncio.sleep(1.0)
-    assert abs(view.clock_offset_ms() or 10_000) < 300
+    offset = view.clock_offset_ms()
+    assert offset is not None and abs(offset) < 300  # 0 is a right answer too
 
 
 async def test_poll_failures_are_logged_and_retried(localnet, session) -> None:  # type: ignore[no-untyped-def]

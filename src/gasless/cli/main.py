@@ -50,12 +50,25 @@ def _stopped(stop: StopRequested) -> None:
     console.print(f"stopped ({stop})")
 
 
-def _cannot_start(exc: Exception, code: int) -> NoReturn:
+def _cannot_start(exc: Exception | str, code: int) -> NoReturn:
+    """One line on stderr saying why and what to do, then the exit status."""
     console.print(f"[red]cannot start:[/red] {escape(str(exc))}")
     raise typer.Exit(code) from None
 
 
 DataDir = Annotated[Path, typer.Option("--data-dir", help="Where wallets, the database and secrets live.")]
+
+
+def _refused(reason: str, database: str, *, embedded: bool) -> NoReturn:
+    """A host refused its chain (gasless.chain.identity): what differs, and what to do."""
+    if embedded:
+        advice = (
+            "start over with `gasless up --fresh` (a new chain and a new database), or point --database-url "
+            "at another database"
+        )
+    else:
+        advice = "point GASLESS_DATABASE_URL at this chain's database or an empty one"
+    _cannot_start(f"{reason} (database {_without_password(database)}): {advice}", 2)
 
 
 def _print_embedded(hosts, localnet) -> None:  # type: ignore[no-untyped-def]
@@ -125,6 +138,14 @@ def up(
             help="Admin port for /metrics (host b: + 1); 0 turns it off. In use: refused at start.",
         ),
     ] = 9108,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Start over: a new chain and a new SQLite database (wallets and the master secret stay). "
+            "Without it, a second start resumes both.",
+        ),
+    ] = False,
 ) -> None:
     """Start the embedded default: localnet and the API host(s) on loopback, data under --data-dir."""
     from gasless.embedded import (
@@ -132,11 +153,13 @@ def up(
         EmbeddedOptions,
         PortUnavailable,
         ServerFailed,
+        ServiceRefused,
         check_embedded,
         embedded_listeners,
         local_master_secret,
         run_embedded,
     )
+    from gasless.localnet.persist import SavedChainError
 
     options = EmbeddedOptions(
         data_dir=data_dir,
@@ -149,6 +172,7 @@ def up(
         metrics_port=metrics_port,
         # The hosts' settings would read it too; the listener is bound before they exist.
         metrics_host=os.environ.get("GASLESS_METRICS_HOST") or "127.0.0.1",
+        fresh=fresh,
     )
     try:
         check_embedded(options)
@@ -164,8 +188,10 @@ def up(
     except StopRequested as stop:
         _stopped(stop)
         raise
-    except PortUnavailable as exc:  # localnet's port, taken since it was checked
+    except (PortUnavailable, EmbeddedConfigError, SavedChainError) as exc:  # found once starting
         _cannot_start(exc, 2)
+    except ServiceRefused as exc:
+        _refused(exc.reason, exc.database_url, embedded=True)
     except ServerFailed as exc:
         _cannot_start(exc, 1)
 
@@ -176,10 +202,17 @@ def localnet(
     data_dir: DataDir = Path("var"),
     round_ms: Annotated[int, typer.Option("--round-ms", help="Round duration in ms.")] = 600,
     gateways: Annotated[int, typer.Option("--gateways", help="How many gateways (consecutive ports).")] = 1,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh", help="Start a new chain (the wallets stay). Without it, the saved one resumes."
+        ),
+    ] = False,
 ) -> None:
     """Run the local network alone (gateway REST API + admin API under /localnet/)."""
     from gasless.embedded import PortUnavailable, check_port
     from gasless.localnet.chain import ChainConfig
+    from gasless.localnet.persist import SavedChainError
     from gasless.localnet.server import Localnet
     from gasless.settings import LOCALNET_PAYMENT_TOKEN
 
@@ -196,6 +229,7 @@ def localnet(
             data_dir=data_dir / "localnet",
             payment_token=LOCALNET_PAYMENT_TOKEN,
             config=ChainConfig(round_ms=round_ms),
+            fresh=fresh,
         )
         try:
             try:
@@ -207,6 +241,8 @@ def localnet(
             for url in urls:
                 console.print(f"localnet gateway: {url}  (admin: {url}/localnet/info)")
             console.print(f"owner wallet: {net.info['ownerPem']}")
+            state = "resumed" if net.resumed else "new"
+            console.print(f"chain: {state}, saved in {data_dir / 'localnet' / 'chain'}")
             await asyncio.Event().wait()  # until a signal cancels this
         finally:
             await net.stop()
@@ -216,7 +252,7 @@ def localnet(
     except StopRequested as stop:
         _stopped(stop)
         raise
-    except PortUnavailable as exc:
+    except (PortUnavailable, SavedChainError) as exc:
         _cannot_start(exc, 2)
 
 
@@ -227,7 +263,14 @@ def serve(
     config: Annotated[Path | None, typer.Option("--config", help="TOML settings file.")] = None,
 ) -> None:
     """Run the API alone against the configured gateways and database (GASLESS_* settings)."""
-    from gasless.embedded import PortUnavailable, ServerFailed, host_listeners, local_master_secret, serve_api
+    from gasless.embedded import (
+        PortUnavailable,
+        ServerFailed,
+        ServiceRefused,
+        host_listeners,
+        local_master_secret,
+        serve_api,
+    )
     from gasless.settings import Settings
 
     overrides: dict[str, object] = {}
@@ -258,6 +301,8 @@ def serve(
         _cannot_start(exc, 2)
     try:
         run_service(lambda: serve_api(settings, listeners, log_level=settings.log_level.lower()))
+    except ServiceRefused as exc:
+        _refused(exc.reason, exc.database_url, embedded=False)
     except ServerFailed as exc:
         _cannot_start(exc, 1)
 

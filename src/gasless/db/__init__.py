@@ -15,6 +15,7 @@ from gasless.db.migrate import current_revision, downgrade, head_revision, is_up
 from gasless.db.tables import (
     account_period_usage,
     api_keys,
+    chain_identity,
     incident_updates,
     incidents,
     intent_keys,
@@ -35,6 +36,7 @@ __all__ = [
     "Atto",
     "account_period_usage",
     "api_keys",
+    "chain_identity",
     "Hash32",
     "incident_updates",
     "incidents",

@@ -510,3 +510,19 @@ incident_updates = Table(
     CheckConstraint(f"status IN ({_INCIDENT_STATUS_SQL})", name="status"),
     CheckConstraint("seq >= 1", name="seq"),
 )
+
+# The chain this database belongs to (gasless.chain.identity, migration 0009): one row, written at the first
+# start; the highest final hyperblock seen advances while a host runs.
+chain_identity = Table(
+    "chain_identity",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, autoincrement=False),
+    Column("chain_id", String(32), nullable=False),  # erd_chain_id
+    Column("start_time_ms", UnixMs, nullable=False),  # erd_start_time (seconds on the wire) in ms
+    Column("final_nonce", BigInteger, nullable=False),  # highest final hyperblock seen
+    Column("final_hash", Hash32, nullable=False),
+    Column("recorded_at_ms", UnixMs, nullable=False),
+    Column("updated_at_ms", UnixMs, nullable=False),
+    CheckConstraint("id = 1", name="single_row"),
+    CheckConstraint("final_nonce >= 0", name="final_nonce"),
+)

@@ -110,6 +110,11 @@ class TxRecord:
     def in_pool(self) -> bool:
         return self.source is None and self.status == "pending"
 
+    @property
+    def settled(self) -> bool:
+        """Nothing changes the record any more: notarized at destination, or displaced from the pool."""
+        return self.destination_hyper is not None or self.status == "invalid"
+
 
 class Faults:
     """Chain-wide faults; per-gateway faults (latency, 5xx, dropped acks) live on each gateway."""
@@ -243,15 +248,40 @@ class LocalChain:
     # Rounds -----------------------------------------------------------------------------------------
     def _genesis_blocks(self) -> None:
         ts = self.round_start_ms(0)
+        # The chain's identity (chain id, genesis time) seeds every hash: two chains never share a block.
+        identity = f"{self.config.chain_id}@{self.genesis_ms}"
         shard_blocks = []
         for shard in range(self.config.num_shards):
-            block = Block(shard, 0, 0, 0, _hash("block", shard, 0, ""), "", ts)
+            block = Block(shard, 0, 0, 0, _hash("block", shard, 0, identity), "", ts)
             self.blocks[shard].append(block)
             self.block_index[block.hash] = block
             shard_blocks.append(block)
-        hyper = HyperBlock(0, 0, 0, _hash("hyper", 0, ""), "", ts, shard_blocks)
+        hyper = HyperBlock(0, 0, 0, _hash("hyper", 0, identity), "", ts, shard_blocks)
         self.hyperblocks.append(hyper)
         self.block_index[hyper.hash] = hyper
+
+    def load_history(self, hyperblocks: list[HyperBlock]) -> None:
+        """Take a saved chain's blocks: the shard chains and the hash index follow from the hyperblocks
+        (every shard block is notarized by exactly one)."""
+        self.hyperblocks = hyperblocks
+        self.blocks = {s: [] for s in range(self.config.num_shards)}
+        self.block_index = {}
+        for hyper in hyperblocks:
+            for block in hyper.shard_blocks:
+                self.blocks[block.shard].append(block)
+                self.block_index[block.hash] = block
+            self.block_index[hyper.hash] = hyper
+
+    def resume_clock(self) -> None:
+        """After a stop, rounds continue on the wall clock: the rounds that passed meanwhile produced no
+        block (as on a real network), the next block comes at once, and no timestamp goes backwards."""
+        round_ms = self.config.round_ms
+        wall_round = (int(time.time() * 1000) - self.genesis_ms) // round_ms
+        last_ts = self.hyperblocks[-1].timestamp_ms
+        # The smallest round r with round_start_ms(r + 1) > last_ts (a chain ahead of the wall clock, e.g.
+        # after manual rounds, waits for it, as `run` does).
+        after_last = (last_ts - self.faults.clock_offset_ms - self.genesis_ms) // round_ms
+        self.round = max(self.round, wall_round - 1, after_last)
 
     def produce_round(self) -> HyperBlock:
         """Produce the next round's shard blocks and the hyperblock that notarizes them."""

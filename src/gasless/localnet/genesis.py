@@ -1,7 +1,8 @@
 """localnet's genesis: wallets (owner, relayers per shard, demo users), USDC, and the deployed contracts.
 
 Wallets are PEM files under `<data_dir>/wallets/`, generated once and reused on every start, so the
-addresses of a data directory never change. The chain state itself starts afresh at each start.
+addresses of a data directory never change. A saved chain (`gasless.localnet.persist`) keeps the genesis
+facts it was created with (`genesis_facts`), and resumes only with the same wallets (`resume_genesis`).
 """
 
 from __future__ import annotations
@@ -132,18 +133,50 @@ def apply_genesis(
     return genesis
 
 
+def contract_addresses(chain: LocalChain, owner: Address) -> tuple[Address, Address, Address]:
+    """(wrapper, pair, billing contract): the owner's genesis deployments at nonces 0, 1, 2."""
+    computer = AddressComputer(chain.config.num_shards)
+    wrapper, pair, contract = (
+        address_of(computer.compute_contract_address(owner, nonce).get_public_key()) for nonce in range(3)
+    )
+    return wrapper, pair, contract
+
+
+def genesis_facts(genesis: Genesis) -> dict[str, Any]:
+    """What identifies a genesis beyond the chain itself: tokens, wallets and contract addresses."""
+    return {
+        "paymentToken": genesis.payment_token,
+        "wegldToken": genesis.wegld_token,
+        "owner": genesis.owner.address.to_bech32(),
+        "relayers": [w.address.to_bech32() for w in genesis.relayers],
+        "users": [w.address.to_bech32() for w in genesis.users],
+        "contracts": [
+            a.to_bech32() if a else None for a in (genesis.contract, genesis.pair, genesis.wrapper)
+        ],
+    }
+
+
+def resume_genesis(
+    chain: LocalChain, wallet_dir: Path, payment_token: str, wegld_token: str = LOCALNET_WEGLD_TOKEN
+) -> Genesis:
+    """The genesis of a saved chain, from the wallets of the data directory (nothing is applied)."""
+    owner, relayers, users = create_wallets(wallet_dir)
+    genesis = Genesis(
+        owner=owner, relayers=relayers, users=users, payment_token=payment_token, wegld_token=wegld_token
+    )
+    genesis.wrapper, genesis.pair, genesis.contract = contract_addresses(chain, owner.address)
+    return genesis
+
+
 def deploy_contracts(chain: LocalChain, genesis: Genesis) -> None:
     """Deploy wrapper, pair and billing contract from the owner at nonces 0, 1, 2 (genesis deployments)."""
     from gasless.localnet.contracts.billing import BillingContract
     from gasless.localnet.contracts.seed import seed_config
     from gasless.localnet.contracts.venue import PairContract, WrapperContract
 
-    computer = AddressComputer(chain.config.num_shards)
     owner = genesis.owner.address
     owner_pk = owner.get_public_key()
-    wrapper = address_of(computer.compute_contract_address(owner, 0).get_public_key())
-    pair = address_of(computer.compute_contract_address(owner, 1).get_public_key())
-    contract = address_of(computer.compute_contract_address(owner, 2).get_public_key())
+    wrapper, pair, contract = contract_addresses(chain, owner)
     world = chain.world
 
     wrapper_account = world.get(wrapper.get_public_key())

@@ -84,11 +84,7 @@ def _ready_host(request: Request) -> Any:
     """The host, once it has restored its state; before that its repository and network view are unset."""
     host = _host(request)
     if not host.restored or host.repo is None or host.network is None:
-        raise ApiError(
-            "UPSTREAM_UNAVAILABLE",
-            detail="this host is still starting (restoring state, reaching the network); retry shortly",
-            details={"retryAfterMs": 1_000},
-        )
+        raise host.unavailable()
     return host
 
 

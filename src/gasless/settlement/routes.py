@@ -17,12 +17,10 @@ _HASH = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 def _proofs(request: Request) -> Any:
-    service = request.app.state.host.proof_service
-    if service is None:
-        raise ApiError(
-            "UPSTREAM_UNAVAILABLE", detail="this host is starting", details={"retryAfterMs": 1_000}
-        )
-    return service
+    host = request.app.state.host
+    if host.proof_service is None:
+        raise host.unavailable()
+    return host.proof_service
 
 
 @router.get(

@@ -32,15 +32,11 @@ def _host(request: Request) -> Any:
     return request.app.state.host
 
 
-def _starting() -> ApiError:
-    return ApiError("UPSTREAM_UNAVAILABLE", detail="this host is starting", details={"retryAfterMs": 1_000})
-
-
 def usage_service(request: Request) -> UsageService:
     """One service per app, built on first use (the relay core wires the engine and network at start)."""
     host = _host(request)
     if host.engine is None or host.network is None:
-        raise _starting()
+        raise host.unavailable()
     service: UsageService | None = getattr(request.app.state, "usage_service", None)
     if service is None:
         network = host.network

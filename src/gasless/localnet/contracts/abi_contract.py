@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar
 
-from multiversx_sdk.abi import Abi
 from multiversx_sdk.abi.abi_definition import EndpointDefinition
 
-from gasless.chain.abi import AbiArgumentError, decode_args, encode_event, encode_outputs
+from gasless.chain.abi import AbiArgumentError, decode_args, encode_event, encode_outputs, load_abi
 from gasless.localnet.vm import EGLD, CallContext, ContractError
 
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
@@ -37,18 +37,33 @@ def to_bytes32(value: Any, what: str) -> bytes:
 
 
 class AbiContract:
-    """Base of localnet's contract models."""
+    """Base of localnet's contract models.
+
+    A model is saved with the chain (`gasless.localnet.persist`) as its class and its fields; the ABI is not
+    saved: it is the class's `abi_file`, loaded again.
+    """
 
     name: str
+    abi_file: ClassVar[Path]
     gas_table: Mapping[str, int] = {}
     default_gas: int = 3_000_000
 
-    def __init__(self, abi: Abi) -> None:
-        self.abi = abi
-        self._endpoints = {e.name: e for e in abi.definition.endpoints}
+    def __init__(self) -> None:
+        self._bind_abi()
+
+    def _bind_abi(self) -> None:
+        self.abi = load_abi(self.abi_file)
+        self._endpoints = {e.name: e for e in self.abi.definition.endpoints}
         missing = [e.name for e in self._endpoints.values() if not hasattr(self, handler_name(e))]
         if missing:
             raise TypeError(f"{type(self).__name__} lacks handlers for ABI endpoints {missing}")
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k not in ("abi", "_endpoints")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._bind_abi()
 
     @property
     def owner(self) -> bytes:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from gasless.chain.abi import load_billing_abi
+from gasless.chain.abi import BILLING_ABI_PATH
 from gasless.chain.addresses import address_of
 from gasless.localnet.contracts.billing_owner import OwnerEndpoints
 from gasless.localnet.contracts.billing_state import BillingConfig, BillingState, RelayerInfo
@@ -62,13 +62,14 @@ _ADDRESS_FIELDS = frozenset({"owner", "pair", "wrapper", "gas_tank", "relayer", 
 class BillingContract(UserEndpoints, OwnerEndpoints, Views):
     """The billing contract, deployed paused."""
 
+    abi_file = BILLING_ABI_PATH
     gas_table = BILLING_GAS
     default_gas = VIEW_GAS
 
     def __init__(
         self, owner: bytes, payment_token: str, pair: bytes, wrapper: bytes, gas_tank: bytes, wegld_token: str
     ) -> None:
-        super().__init__(load_billing_abi())
+        super().__init__()
         self.state = BillingState(
             config=BillingConfig(
                 owner=owner,

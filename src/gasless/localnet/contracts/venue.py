@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from gasless.chain.abi import load_pair_abi, load_wrapper_abi
+from gasless.chain.abi import PAIR_ABI_PATH, WRAPPER_ABI_PATH
 from gasless.chain.addresses import address_of
 from gasless.localnet.contracts.abi_contract import AbiContract
 from gasless.localnet.vm import EGLD, CallContext, ContractError
@@ -52,6 +52,7 @@ class PairContract(AbiContract):
     """Constant-product pair with a 0.3 % fee; `pause`/`resume` (owner) or `set_paused` (admin API)."""
 
     name = "xexchange-pair"
+    abi_file = PAIR_ABI_PATH
     gas_table = PAIR_GAS
     default_gas = VIEW_GAS
 
@@ -65,7 +66,7 @@ class PairContract(AbiContract):
         *,
         active: bool = True,
     ) -> None:
-        super().__init__(load_pair_abi())
+        super().__init__()
         self.state = PairState(
             owner=owner,
             first_token=first_token,
@@ -196,11 +197,12 @@ class WrapperContract(AbiContract):
     """EGLD <-> WEGLD at 1:1."""
 
     name = "egld-esdt-swap"
+    abi_file = WRAPPER_ABI_PATH
     gas_table = WRAPPER_GAS
     default_gas = VIEW_GAS
 
     def __init__(self, owner: bytes, wegld_token: str, locked_egld: int = 0) -> None:
-        super().__init__(load_wrapper_abi())
+        super().__init__()
         self.state = WrapperState(owner=owner, wegld_token=wegld_token, locked_egld=locked_egld)
 
     @property
