@@ -144,7 +144,8 @@ async def relay(
     received_ms = int(time.time() * 1000)
     host = _host(request)
     raw = await read_body(request)
-    if host.relay_service is None or not host.restored:
+    # A host that refuses its chain serves nothing from its (stale) database: host.relay answers 503.
+    if host.refusal is None and (host.relay_service is None or not host.restored):
         round_ms = host.network.params.round_duration_ms if host.network is not None else 0
         status, response = await replay_while_starting(
             host.repo, raw, idempotency_key, round_ms=round_ms, now_ms=received_ms
