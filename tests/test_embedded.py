@@ -58,7 +58,7 @@ class Up:
     def stop(self) -> None:
         """Ctrl-C: everything stops, and the chain is saved."""
         self.proc.send_signal(signal.SIGINT)
-        assert self.proc.wait(60) == 0, self.output()
+        assert self.proc.wait(60) == 130, self.output()  # stopped by SIGINT (docs/operations.md)
 
     def gateway_get(self, path: str) -> dict[str, Any]:
         return requests.get(f"{self.gateway}{path}", timeout=5).json()  # type: ignore[no-any-return]
