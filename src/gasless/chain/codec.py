@@ -14,11 +14,15 @@ from typing import Any
 from multiversx_sdk import Address, Transaction, TransactionComputer, UserPublicKey
 
 from gasless.chain.addresses import InvalidAddress, parse_address
+from gasless.http.formats import AMOUNT_DIGITS, INT64_MAX, SAFE_INT_MAX, UINT32_MAX
 
 _computer = TransactionComputer()
 
-U64_MAX = 2**64 - 1
-U32_MAX = 2**32 - 1
+# The ranges of the wire members (gasless.http.formats; docs/api-conventions.md "Input formats"): a nonce is an
+# int64, gas limit and gas price stay below 2^53, version and options are uint32, `value` has at most 78
+# digits. The network's own types are wider (uint64, big integers); nothing in range is lost, and nothing out
+# of range reaches the SDK's encoders (which overflow) or the database (int64 columns).
+U32_MAX = UINT32_MAX
 
 # Wire members as the gateway's `POST /transaction/send` accepts them.
 WIRE_FIELDS = frozenset(
@@ -53,7 +57,7 @@ class WireError(ValueError):
         self.message = message
 
 
-def _uint(d: dict[str, Any], name: str, *, required: bool, maximum: int = U64_MAX) -> int:
+def _uint(d: dict[str, Any], name: str, *, required: bool, maximum: int) -> int:
     value = d.get(name)
     if value is None:
         if required:
@@ -74,6 +78,8 @@ def _decimal(d: dict[str, Any], name: str) -> int:
         raise WireError(name, "must be a non-negative decimal string")
     if len(value) > 1 and value[0] == "0":
         raise WireError(name, "must not have leading zeros")
+    if len(value) > AMOUNT_DIGITS:  # before int(): no huge conversions, no integers the encoders refuse
+        raise WireError(name, f"must have at most {AMOUNT_DIGITS} digits")
     return int(value)
 
 
@@ -132,9 +138,9 @@ def tx_from_wire(d: Any, *, allow_unknown: bool = True) -> Transaction:
     sender = _address(d, "sender", required=True)
     receiver = _address(d, "receiver", required=True)
     assert sender is not None and receiver is not None
-    nonce = _uint(d, "nonce", required=False)
-    gas_price = _uint(d, "gasPrice", required=True)
-    gas_limit = _uint(d, "gasLimit", required=True)
+    nonce = _uint(d, "nonce", required=False, maximum=INT64_MAX)
+    gas_price = _uint(d, "gasPrice", required=True, maximum=SAFE_INT_MAX)
+    gas_limit = _uint(d, "gasLimit", required=True, maximum=SAFE_INT_MAX)
     version = _uint(d, "version", required=True, maximum=U32_MAX)
     options = _uint(d, "options", required=False, maximum=U32_MAX)
     for name in ("senderUsername", "receiverUsername"):

@@ -106,5 +106,9 @@ def install_problem_handlers(app: FastAPI, docs_url: str) -> None:
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette sends this answer, then re-raises the exception to the server, which closes the
+        # connection: the answer says so (`Connection: close`), so it is a complete response and a client
+        # does not reuse a connection that is about to close.
         log.error("unexpected failure", error_type=type(exc).__name__)
-        return problem_response(request, ApiError("INTERNAL", detail="unexpected failure"), docs_url)
+        error = ApiError("INTERNAL", detail="unexpected failure", headers={"Connection": "close"})
+        return problem_response(request, error, docs_url)

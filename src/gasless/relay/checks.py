@@ -19,6 +19,7 @@ from gasless.chain.codec import WireError, signing_bytes, tx_from_wire
 from gasless.chain.gas import OPTION_GUARDED, OPTION_HASH_SIGN, is_guarded
 from gasless.chain.network import NetworkParams
 from gasless.errors import ApiError
+from gasless.http.formats import INT64_MAX
 
 MAX_BODY_BYTES = 131_072
 MAX_DATA_BYTES_SELF_SERVE = 4_096
@@ -27,7 +28,6 @@ SUPPORTED_OPTIONS = OPTION_HASH_SIGN | OPTION_GUARDED
 RELAY_MEMBERS = frozenset({"tx", "lease", "intentKey"})
 VARIANT_MEMBERS = ("variants", "transactions", "alternates")
 IDEMPOTENCY_KEY_MIN, IDEMPOTENCY_KEY_MAX = 16, 128
-INT64_MAX = 2**63 - 1
 
 Check = Callable[[], ApiError | None]
 
@@ -108,9 +108,7 @@ def parse_relay_body(
         raise ApiError(
             "RELAYER_SIGNATURE_PRESENT", detail="the transaction already carries a relayer signature"
         )
-    tx = parse_transaction(wire)
-    if tx.nonce > INT64_MAX:
-        raise ApiError("MALFORMED_REQUEST", detail="tx.nonce is an int64", details={"field": "tx.nonce"})
+    tx = parse_transaction(wire)  # every integer in its range (gasless.http.formats), or MALFORMED_REQUEST
     intent_key = body.get("intentKey")
     if intent_key is not None and (not isinstance(intent_key, str) or not _valid_key(intent_key)):
         raise ApiError(

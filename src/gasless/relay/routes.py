@@ -17,6 +17,7 @@ from gasless.auth.deps import OptionalBearer, RelaySponsorKey
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
 from gasless.http.caching import NETWORK_CACHE, cached_json, intent_cache_control
+from gasless.http.formats import INT64_MAX
 from gasless.limits.route_classes import ASSIGN_IP, PUBLIC_READ, QUOTE, RELAY_EVENTS, record
 from gasless.relay.checks import MAX_BODY_BYTES
 from gasless.relay.intents import TERMINAL, intent_from_row, rejected_intent
@@ -137,10 +138,11 @@ async def _intent_for(request: Request, ident: str) -> Intent:
             return rejected_intent(rejected, round_ms)
         raise ApiError("NOT_FOUND", detail=f"no intent with transaction hash {tx_hash}")
     sender, _, nonce_text = ident.rpartition(":")
-    if not sender or not _is_decimal(nonce_text):
+    # At most 19 digits before int(): the nonce is an int64, and a long digit string is never converted.
+    if not sender or not _is_decimal(nonce_text) or len(nonce_text) > 19 or int(nonce_text) > INT64_MAX:
         raise ApiError(
             "MALFORMED_REQUEST",
-            detail="id is an IntentId (<sender>:<nonce>) or a 64-hex transaction hash",
+            detail="id is an IntentId (<sender>:<nonce>, the nonce an int64) or a 64-hex transaction hash",
             details={"field": "id"},
         )
     return await _intent_for_slot(request, sender, int(nonce_text))
@@ -154,7 +156,7 @@ async def _intent_for_slot(request: Request, sender: str, nonce: int) -> Intent:
         raise ApiError(
             "MALFORMED_REQUEST", detail="sender is not a valid erd1 address", details={"field": "sender"}
         ) from None
-    if nonce >= 2**63:
+    if nonce > INT64_MAX:
         raise ApiError("MALFORMED_REQUEST", detail="nonce is an int64", details={"field": "nonce"})
     round_ms = host.relay.network.params.round_duration_ms  # 503 while starting
     row = await host.repo.by_slot(sender, nonce)
@@ -186,7 +188,7 @@ async def get_relay(request: Request, id: Annotated[str, Path(max_length=200)]) 
 async def get_intent(
     request: Request,
     sender: Annotated[str, Path(max_length=100)],
-    nonce: Annotated[int, Path(ge=0, le=2**63 - 1)],
+    nonce: Annotated[int, Path(ge=0, le=INT64_MAX)],
 ) -> Response:
     return _cached_intent(request, await _intent_for_slot(request, sender, nonce))
 

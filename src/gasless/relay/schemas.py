@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gasless.http.formats import INT64_MAX, SAFE_INT_MAX
+
 IntentState = Literal["COSIGNED", "BROADCAST", "EXECUTED", "FINALIZED", "DEAD", "REJECTED"]
 LeaseKindName = Literal["std", "sponsor", "cancel", "free"]
 
@@ -56,7 +58,9 @@ class AssignProof(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["key", "sponsor"] = "key"
-    serverTimeMs: int | None = None
+    serverTimeMs: int | None = Field(
+        default=None, ge=0, le=SAFE_INT_MAX, description="the signed server time, Unix ms"
+    )
     signature: str | None = Field(
         default=None,
         description="hex raw Ed25519 signature over `relay/assign/v1|<chainId>|<sender>|<serverTimeMs>`",
@@ -71,7 +75,9 @@ class AssignRequest(BaseModel):
     renewFor: dict[str, Any] | None = Field(
         default=None, description="the already signed transaction (wire form) whose lease expired"
     )
-    cancel: int | None = Field(default=None, ge=0, description="nonce of the in-flight intent to cancel")
+    cancel: int | None = Field(
+        default=None, ge=0, le=INT64_MAX, description="nonce (int64) of the in-flight intent to cancel"
+    )
 
 
 class Assignment(BaseModel):
