@@ -33,6 +33,7 @@ from gasless.db import create_engine, ping, upgrade
 from gasless.db.leader import SingletonRunner
 from gasless.host import Health, HostState, gateway_answers, purpose_keys, redis_answers
 from gasless.http.body_limit import BodyLimitMiddleware
+from gasless.http.head import HeadMiddleware
 from gasless.http.idempotency import IdempotencyStore
 from gasless.http.openapi import install_openapi
 from gasless.http.pages import CursorCodec
@@ -405,7 +406,8 @@ def create_app(
     app.state.host = state
     # Outermost last: request id, metrics, RateLimit-* headers, then origins/CORS (so even a 413 from the
     # body limit is readable by an allowed page, and an origin refusal carries its request id), then the
-    # body limit (before any route code).
+    # body limit (before any route code), then HEAD answered as GET without a body (next to the routes).
+    app.add_middleware(HeadMiddleware)
     app.add_middleware(BodyLimitMiddleware, docs_url=settings.docs_url)
     app.add_middleware(
         OriginMiddleware, router=app.router, policy=state.origin_policy, docs_url=settings.docs_url

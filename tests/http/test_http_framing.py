@@ -1,8 +1,10 @@
-"""An unexpected failure is still a complete HTTP answer: a 500 problem document, on a real socket.
+"""Answers framed as HTTP/1.1 requires, on a real socket (uvicorn):
 
-Starlette sends the handler's answer and then re-raises the exception to the server, which closes the
-connection; the answer must say so (`Connection: close`) so that a client never sends its next request on a
-connection that is about to close.
+- an unexpected failure is still a complete answer, a 500 problem document; Starlette sends the handler's
+  answer and then re-raises the exception to the server, which closes the connection, so the answer says so
+  (`Connection: close`) and a client never sends its next request on a connection about to close;
+- HEAD answers the GET's headers (its `Content-Length` included) without a body, and the connection stays
+  usable for the next request.
 """
 
 from __future__ import annotations
@@ -80,3 +82,31 @@ def test_an_unexpected_failure_answers_a_complete_500_and_says_the_connection_cl
     assert problem["code"] == "INTERNAL" and problem["status"] == 500
     assert problem["instance"] == headers["relay-request-id"]
     assert "unforeseen" not in body.decode()  # the exception's text stays in the logs
+
+
+def _read_answer(conn: socket.socket, *, body: bool = True) -> tuple[str, dict[str, str], bytes]:
+    """One answer on a kept-alive connection: the status line, the headers and (unless HEAD) the body."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65_536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
+    length = int(headers.get("content-length", "0")) if body else 0
+    while len(rest) < length:
+        rest += conn.recv(65_536)
+    assert len(rest) == length, (lines[0], rest)  # nothing beyond the answer (HEAD: no body at all)
+    return lines[0], headers, rest
+
+
+def test_head_answers_the_get_headers_without_a_body_and_keeps_the_connection(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        status, head_headers, _ = _read_answer(conn, body=False)
+        assert status == "HTTP/1.1 200 OK", status
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")  # same connection
+        status, get_headers, body = _read_answer(conn)
+    assert status == "HTTP/1.1 200 OK"
+    assert head_headers["content-length"] == get_headers["content-length"] == str(len(body))
+    assert head_headers["content-type"] == get_headers["content-type"] == "application/json"
+    assert json.loads(body)["status"] == "ok"
