@@ -35,6 +35,7 @@ from gasless.host import Health, HostState, gateway_answers, purpose_keys, redis
 from gasless.http.body_limit import BodyLimitMiddleware
 from gasless.http.head import HeadMiddleware
 from gasless.http.idempotency import IdempotencyStore
+from gasless.http.json_body import JsonBodyRoute
 from gasless.http.openapi import install_openapi
 from gasless.http.pages import CursorCodec
 from gasless.http.problems import RequestIdMiddleware, install_problem_handlers
@@ -403,6 +404,7 @@ def create_app(
         redoc_url=None,
         openapi_url=None,  # served by gasless.http.openapi
     )
+    app.router.route_class = JsonBodyRoute  # as every router's: JSON bodies parsed by http/json_body
     app.state.host = state
     # Outermost last: request id, metrics, RateLimit-* headers, then origins/CORS (so even a 413 from the
     # body limit is readable by an allowed page, and an origin refusal carries its request id), then the

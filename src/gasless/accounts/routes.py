@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from gasless.accounts.mirror_reads import parse_kinds
@@ -13,10 +13,11 @@ from gasless.accounts.senders import AccountSendersPage
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
 from gasless.http.caching import ACCOUNT_MIRROR_CACHE, cached_json
+from gasless.http.json_body import api_router
 from gasless.http.pages import PageQuery, WindowQuery
 from gasless.limits.route_classes import PUBLIC_READ
 
-router = APIRouter(tags=["accounts"])
+router = api_router(tags=["accounts"])
 ErdPath = Annotated[str, Path(max_length=100)]
 
 

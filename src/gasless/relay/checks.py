@@ -7,7 +7,6 @@ Each check returns an ApiError or None, so `POST /v1/relay` stops at the first f
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from gasless.chain.gas import OPTION_GUARDED, OPTION_HASH_SIGN, is_guarded
 from gasless.chain.network import NetworkParams
 from gasless.errors import ApiError
 from gasless.http.formats import INT64_MAX
+from gasless.http.json_body import parse_json
 
 MAX_BODY_BYTES = 131_072
 MAX_DATA_BYTES_SELF_SERVE = 4_096
@@ -59,14 +59,10 @@ class ParsedRelay:
 
 
 def parse_json_body(raw: bytes) -> Any:
+    """The body's JSON, as every route parses it (a repeated member is MALFORMED_REQUEST, http/json_body)."""
     if len(raw) > MAX_BODY_BYTES:
         raise ApiError("PAYLOAD_TOO_LARGE", detail=f"body is larger than {MAX_BODY_BYTES} bytes")
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: absurdly nested arrays
-        raise ApiError(
-            "MALFORMED_REQUEST", detail="body is not valid JSON", details={"field": "body"}
-        ) from None
+    return parse_json(raw)
 
 
 def _valid_key(key: str) -> bool:

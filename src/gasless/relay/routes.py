@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi import Header, Path, Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
@@ -18,6 +18,7 @@ from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
 from gasless.http.caching import NETWORK_CACHE, cached_json, intent_cache_control
 from gasless.http.formats import INT64_MAX
+from gasless.http.json_body import api_router
 from gasless.limits.route_classes import ASSIGN_IP, PUBLIC_READ, QUOTE, RELAY_EVENTS, record
 from gasless.relay.checks import MAX_BODY_BYTES
 from gasless.relay.intents import TERMINAL, intent_from_row, rejected_intent
@@ -39,7 +40,7 @@ STREAM_LIFETIME_MS = 120_000
 STREAM_POLL_S = 0.5  # re-read the row this often: changes made on the other host reach the stream too
 _HASH = re.compile(r"[0-9a-fA-F]{64}")
 
-router = APIRouter(tags=["relay"])
+router = api_router(tags=["relay"])
 
 
 def _host(request: Request) -> Any:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request
+from fastapi import Path, Request
 
 from gasless.auth.deps import ApiKeyHeader, AuthorizationHeader, read_access_to
 from gasless.errors import ApiError
+from gasless.http.json_body import api_router
 from gasless.settlement.proofs import UsageProof
 
-router = APIRouter(tags=["usage"])
+router = api_router(tags=["usage"])
 _HASH = re.compile(r"^[0-9a-fA-F]{64}$")
 
 

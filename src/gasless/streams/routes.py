@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import Depends, Header, Query, Request, Response
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from gasless.auth.deps import (
@@ -21,6 +21,7 @@ from gasless.auth.deps import (
     refuse_url_credentials,
 )
 from gasless.errors import ApiError
+from gasless.http.json_body import api_router
 from gasless.limits.route_classes import Caller, account_rate, account_streams
 from gasless.streams.schemas import (
     RESET,
@@ -33,7 +34,7 @@ from gasless.streams.schemas import (
 from gasless.streams.service import StreamService
 from gasless.streams.tickets import TicketClaims
 
-router = APIRouter(tags=["streams"])
+router = api_router(tags=["streams"])
 NO_STORE = "no-store"
 
 

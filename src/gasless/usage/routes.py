@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import Depends, Path, Query, Request, Response
 
 from gasless.auth.deps import AccountAccess, ApiKeyHeader, AuthorizationHeader, read_access_to
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
+from gasless.http.json_body import api_router
 from gasless.http.pages import PageQuery
 from gasless.limits.route_classes import Caller, account_rate, enforce
 from gasless.streams.service import AccountRateClass
@@ -24,7 +25,7 @@ from gasless.usage.schemas import (
 )
 from gasless.usage.service import UsageService
 
-router = APIRouter(tags=["usage"])
+router = api_router(tags=["usage"])
 NO_STORE = "private, no-store"
 _HASH = re.compile(r"^[0-9a-fA-F]{64}$")
 

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi import Header, Path, Request, Response
 
 from gasless.auth.deps import AccountRead, AccountWrite
 from gasless.errors import ApiError
 from gasless.http.idempotency import idempotent
+from gasless.http.json_body import api_router
 from gasless.http.pages import PageQuery
 from gasless.limits.route_classes import Caller, account_rate
 from gasless.webhooks.schemas import (
@@ -22,7 +23,7 @@ from gasless.webhooks.schemas import (
 )
 from gasless.webhooks.service import to_delivery
 
-router = APIRouter(tags=["webhooks"])
+router = api_router(tags=["webhooks"])
 WebhookIdPath = Annotated[str, Path(max_length=64, description="the webhook's id (`wh_...`)")]
 NO_STORE = "no-store"
 # Documented here; read and judged by gasless.http.idempotency (16..128 visible ASCII, else 400).
