@@ -62,6 +62,7 @@ from gasless.relay.ownership import RECOVERY_ROLE, HostIntents, OrphanAdopter
 from gasless.relay.quote import QuoteService
 from gasless.relay.relayers import RelayerPool
 from gasless.relay.repository import IntentRepository
+from gasless.relay.schemas import transaction_schemas
 from gasless.relay.service import RelayConfig, RelayService
 from gasless.settings import Settings
 from gasless.settlement import routes as settlement_routes
@@ -432,7 +433,11 @@ def create_app(
     app.include_router(settlement_routes.router)
     app.include_router(incident_routes.router)
     app.include_router(auth_routes.admin_router)
-    install_openapi(app, (*relay_routes.EXTRA_SCHEMAS, *stream_routes.EXTRA_SCHEMAS))
+    install_openapi(
+        app,
+        (*relay_routes.EXTRA_SCHEMAS, *stream_routes.EXTRA_SCHEMAS),
+        transaction_schemas(settings.network.chain_id),
+    )
 
     def health(
         status: Literal["ok", "starting", "unavailable"],

@@ -402,9 +402,11 @@ def test_malformed_paths(env: Any, problem: Any, subtests: Any) -> None:
         ("/v1/relay/" + "a" * 63 + "/events", "id"),
         (f"/v1/relay/{sender}:-1", "id"),
         (f"/v1/relay/{sender}:x", "id"),
-        (f"/v1/relay/{bad_checksum(sender)}:0", "sender"),
-        (f"/v1/relay/{mixed_case(sender)}:0", "sender"),
-        (f"/v1/relay/{other_hrp(sender)}:0", "sender"),
+        (f"/v1/relay/{bad_checksum(sender)}:0", "sender"),  # the id's shape is right, its sender is not
+        (f"/v1/relay/{mixed_case(sender)}:0", "id"),  # not the IntentId pattern (lower case, erd1)
+        (f"/v1/relay/{other_hrp(sender)}:0", "id"),
+        (f"/v1/relay/{sender}:007", "id"),  # a nonce has no leading zeros
+        (f"/v1/tx/{'a' * 63}G", "hash"),
         (f"/v1/intents/{sender}/-1", "nonce"),
         (f"/v1/intents/{sender}/abc", "nonce"),
         (f"/v1/intents/{sender}/{2**63}", "nonce"),
@@ -521,6 +523,29 @@ def test_validate_answers_what_relay_answers(env: Any, problem: Any, subtests: A
     codes = [p["code"] for p in post(env, "/v1/validate", both).json()["problems"]]
     assert codes[:2] == ["CHAIN_ID_MISMATCH", "GAS_PRICE_OUT_OF_RANGE"]
     assert_untouched(env, planned.address)
+
+
+def test_validate_refuses_a_body_that_is_not_its_schema(env: Any, problem: Any, subtests: Any) -> None:
+    """ValidateRequest is an object with an object `tx`: anything else is 400 MALFORMED_REQUEST, as the
+    document says; a `tx` relay would refuse is the 200 verdict listing relay's answer."""
+    cases: list[tuple[Any, str]] = [
+        ({}, "tx"),
+        ({"lease": "x.y"}, "tx"),
+        ({"variants": []}, "tx"),
+        ({"tx": None}, "tx"),
+        ({"tx": 5}, "tx"),
+        ({"tx": [wire(env)]}, "tx"),
+        ([None, None], "body"),
+        ("tx", "body"),
+    ]
+    for body, field in cases:
+        with subtests.test(body=str(body)[:40]):
+            assert problem(post(env, "/v1/validate", body), "MALFORMED_REQUEST")["details"] == {
+                "field": field
+            }
+    verdict = post(env, "/v1/validate", {"tx": {}})
+    assert verdict.status_code == 200 and verdict.json()["ok"] is False, verdict.text
+    assert verdict.json()["problems"][0]["code"] == "MALFORMED_REQUEST"
 
 
 def _as_sender(key: UserSecretKey) -> Any:

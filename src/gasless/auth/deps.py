@@ -33,6 +33,7 @@ from gasless.auth.native_auth import NativeAuthError
 from gasless.auth.origins import origin_not_allowed
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
+from gasless.http.formats import AddressDoc
 from gasless.keys.key_format import looks_like_key
 from gasless.keys.schemas import ApiKeyScope
 from gasless.keys.service import SponsorKey, invalid_key
@@ -287,7 +288,8 @@ async def read_access_to(
     return await _account_access(request, account, "read", authorization, api_key, keys=True)
 
 
-ErdPath = Annotated[str, Path(max_length=100, description="the account's bech32 address")]
+# Documented as an Address; judged after the credential (an anonymous caller learns nothing from a 400).
+ErdPath = Annotated[AddressDoc, Path(max_length=100, description="the account's bech32 address")]
 
 
 def account_access(mode: Mode, *, keys: bool = False) -> Callable[..., Any]:

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from typing import Any
 
 from multiversx_sdk import Address, Transaction, TransactionComputer, UserPublicKey
 
 from gasless.chain.addresses import InvalidAddress, parse_address
-from gasless.http.formats import AMOUNT_DIGITS, INT64_MAX, SAFE_INT_MAX, UINT32_MAX
+from gasless.http.formats import AMOUNT_DIGITS, BASE64_PATTERN, INT64_MAX, SAFE_INT_MAX, UINT32_MAX
 
 _computer = TransactionComputer()
+_HEX = re.compile("[0-9a-fA-F]*")
+_BASE64 = re.compile(BASE64_PATTERN.removeprefix("^").removesuffix("$"))
 
 # The ranges of the wire members (gasless.http.formats; docs/api-conventions.md "Input formats"): a nonce is an
 # int64, gas limit and gas price stay below 2^53, version and options are uint32, `value` has at most 78
@@ -101,12 +104,9 @@ def _hex(d: dict[str, Any], name: str, *, length: int | None = 64) -> bytes:
     value = d.get(name)
     if value in (None, ""):
         return b""
-    if not isinstance(value, str):
-        raise WireError(name, "must be a hex string")
-    try:
-        raw = bytes.fromhex(value)
-    except ValueError:
-        raise WireError(name, "must be a hex string") from None
+    if not isinstance(value, str) or not _HEX.fullmatch(value) or len(value) % 2:
+        raise WireError(name, "must be a hex string")  # fromhex() alone would also skip spaces
+    raw = bytes.fromhex(value)
     if length is not None and len(raw) != length:
         raise WireError(name, f"must be {length} bytes ({length * 2} hex characters)")
     return raw
@@ -118,6 +118,8 @@ def _b64(d: dict[str, Any], name: str) -> bytes:
         return b""
     if not isinstance(value, str):
         raise WireError(name, "must be a base64 string")
+    if not _BASE64.fullmatch(value):  # exactly what the documented pattern says: padded, standard alphabet
+        raise WireError(name, "must be standard base64")
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):

@@ -90,7 +90,11 @@ def install_problem_handlers(app: FastAPI, docs_url: str) -> None:
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         field = _field_of(exc)
-        message = exc.errors()[0].get("msg", "invalid request") if exc.errors() else "invalid request"
+        first = exc.errors()[0] if exc.errors() else {}
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "string_pattern_mismatch":
+            # Not the regular expression itself (an int64 range spelled out is hundreds of characters).
+            message = "does not have the documented format (see its pattern in /openapi.json)"
         error = ApiError(
             "MALFORMED_REQUEST", detail=f"{field or 'body'}: {message}", details={"field": field}
         )

@@ -17,7 +17,7 @@ from gasless.auth.deps import OptionalBearer, RelaySponsorKey
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
 from gasless.http.caching import NETWORK_CACHE, cached_json, intent_cache_control
-from gasless.http.formats import INT64_MAX
+from gasless.http.formats import INT64_MAX, VISIBLE_ASCII_KEY_PATTERN, Address, IntentIdOrTxHash, TxHash
 from gasless.http.json_body import api_router
 from gasless.limits.route_classes import ASSIGN_IP, PUBLIC_READ, QUOTE, RELAY_EVENTS, record
 from gasless.relay.checks import MAX_BODY_BYTES
@@ -41,6 +41,7 @@ STREAM_POLL_S = 0.5  # re-read the row this often: changes made on the other hos
 _HASH = re.compile(r"[0-9a-fA-F]{64}")
 
 router = api_router(tags=["relay"])
+IntentOrHashPath = Annotated[IntentIdOrTxHash, Path(description="an IntentId or a TxHash")]
 
 
 def _host(request: Request) -> Any:
@@ -110,7 +111,14 @@ async def assign(request: Request, body: AssignRequest, bearer: OptionalBearer) 
 async def relay(
     request: Request,
     sponsor: RelaySponsorKey,  # a present key is verified first: API_KEY_INVALID before any other check
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="logical idempotency key, 16 to 128 visible ASCII characters (wins over intentKey)",
+            json_schema_extra={"pattern": VISIBLE_ASCII_KEY_PATTERN},  # judged by relay/checks.py
+        ),
+    ] = None,
 ) -> Response:
     received_ms = int(time.time() * 1000)
     host = _host(request)
@@ -176,7 +184,7 @@ def _cached_intent(request: Request, intent: Intent) -> Response:
 @router.get(
     "/v1/relay/{id}", operation_id="getRelayStatus", response_model=Intent, dependencies=[PUBLIC_READ]
 )
-async def get_relay(request: Request, id: Annotated[str, Path(max_length=200)]) -> Response:
+async def get_relay(request: Request, id: IntentOrHashPath) -> Response:
     return _cached_intent(request, await _intent_for(request, id))
 
 
@@ -188,8 +196,8 @@ async def get_relay(request: Request, id: Annotated[str, Path(max_length=200)]) 
 )
 async def get_intent(
     request: Request,
-    sender: Annotated[str, Path(max_length=100)],
-    nonce: Annotated[int, Path(ge=0, le=INT64_MAX)],
+    sender: Annotated[Address, Path()],
+    nonce: Annotated[int, Path(ge=0, le=INT64_MAX, description="int64")],
 ) -> Response:
     return _cached_intent(request, await _intent_for_slot(request, sender, nonce))
 
@@ -197,11 +205,7 @@ async def get_intent(
 @router.get(
     "/v1/tx/{hash}", operation_id="getIntentByTxHash", response_model=Intent, dependencies=[PUBLIC_READ]
 )
-async def get_tx(request: Request, hash: Annotated[str, Path(max_length=200)]) -> Response:
-    if not _HASH.fullmatch(hash):
-        raise ApiError(
-            "MALFORMED_REQUEST", detail="hash is 64 hexadecimal characters", details={"field": "hash"}
-        )
+async def get_tx(request: Request, hash: Annotated[TxHash, Path()]) -> Response:
     return _cached_intent(request, await _intent_for(request, hash))
 
 
@@ -214,7 +218,7 @@ async def get_tx(request: Request, hash: Annotated[str, Path(max_length=200)]) -
 )
 async def relay_events(
     request: Request,
-    id: Annotated[str, Path(max_length=200)],
+    id: IntentOrHashPath,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
     first = await _intent_for(request, id)  # 404 before the stream opens

@@ -21,6 +21,7 @@ from gasless.auth.deps import (
     refuse_url_credentials,
 )
 from gasless.errors import ApiError
+from gasless.http.formats import Address, CommaList
 from gasless.http.json_body import api_router
 from gasless.limits.route_classes import Caller, account_rate, account_streams
 from gasless.streams.schemas import (
@@ -106,19 +107,12 @@ class StreamAccess:
     ends_ms: int | None  # a native-auth stream ends when its token expires
 
 
+TOPIC_LIST = CommaList("topics", TOPICS)
+
+
 def _topics(text: str | None) -> frozenset[str] | None:
-    if text is None:
-        return None
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = sorted(set(names) - set(TOPICS))
-    if unknown or not names:
-        raise ApiError(
-            "MALFORMED_REQUEST",
-            detail=f"topics is a comma-separated list of {', '.join(TOPICS)}"
-            + (f"; unknown: {', '.join(unknown)}" if unknown else ""),
-            details={"field": "topics"},
-        )
-    return frozenset(names)
+    names = TOPIC_LIST.parse(text)
+    return frozenset(names) if names is not None else None
 
 
 def _account(text: str) -> str:
@@ -155,10 +149,14 @@ async def stream_access(
     authorization: AuthorizationHeader,
     api_key: ApiKeyHeader,
     account: Annotated[
-        str | None, Query(max_length=100, description="the account (required with header credentials)")
+        Address | None, Query(description="the account (required with header credentials)")
     ] = None,
     topics: Annotated[
-        str | None, Query(max_length=200, description="comma-separated StreamTopic values (default all)")
+        str | None,
+        Query(
+            description="comma-separated StreamTopic values (default all)",
+            json_schema_extra=TOPIC_LIST.schema(),
+        ),
     ] = None,
     ticket: Annotated[
         str | None, Query(max_length=1_024, description="a ticket from POST /v1/stream/tickets (single use)")

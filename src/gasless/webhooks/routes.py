@@ -8,6 +8,7 @@ from fastapi import Header, Path, Request, Response
 
 from gasless.auth.deps import AccountRead, AccountWrite
 from gasless.errors import ApiError
+from gasless.http.formats import VISIBLE_ASCII_KEY_PATTERN
 from gasless.http.idempotency import idempotent
 from gasless.http.json_body import api_router
 from gasless.http.pages import PageQuery
@@ -33,6 +34,7 @@ IdempotencyKeyHeader = Annotated[
         alias="Idempotency-Key",
         description="16 to 128 visible ASCII characters; a retry with the same key and body replays the "
         "first answer (`Idempotent-Replayed: true`) for 86 400 000 ms",
+        json_schema_extra={"pattern": VISIBLE_ASCII_KEY_PATTERN},
     ),
 ]
 BASE = "/v1/account/{erd}/webhooks"
