@@ -139,6 +139,9 @@ def _tx_cases(tx: dict[str, Any], relayer: str) -> list[tuple[str, Any]]:
         ("nonce", INT64_MAX + 1),
         ("nonce", None),
         ("nonce", -1),
+        ("nonce", 0.0),  # JSON Schema's integer: a number with a zero fraction
+        ("nonce", 1.5),
+        ("gasLimit", 100_000.0),
         ("gasLimit", 2**53 - 1),
         ("gasLimit", 2**53),
         ("gasPrice", 2**53),

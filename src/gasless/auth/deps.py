@@ -280,6 +280,17 @@ async def _account_access(
     return access
 
 
+async def verify_read_credential(request: Request, authorization: str | None, api_key: str | None) -> None:
+    """The credential of a DashboardRead, verified before the account it reads is known: an anonymous or
+    forged caller learns nothing about the rest of the request (401/403 before any 400)."""
+    if authorization is None and api_key is not None:
+        _hold_origin(request)
+        _refuse_url_credentials(request, tokens=True)
+        await _resolve_key(request, api_key, "read")
+        return
+    await _verify_native_auth(request, authorization, accepts_key=True)
+
+
 async def read_access_to(
     request: Request, account: str, authorization: str | None, api_key: str | None
 ) -> AccountAccess:

@@ -66,6 +66,8 @@ def _uint(d: dict[str, Any], name: str, *, required: bool, maximum: int) -> int:
         if required:
             raise WireError(name, "is required")
         return 0
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON Schema's integer: a number with a zero fraction (`2.0` is 2)
     if isinstance(value, bool) or not isinstance(value, int):
         raise WireError(name, "must be an integer")
     if value < 0 or value > maximum:

@@ -82,7 +82,8 @@ class TimeWindow:
 
 def time_window(
     from_ms: Annotated[
-        int | None, Query(alias="from", ge=0, le=2**53 - 1, description="start, Unix ms, inclusive")
+        int | None,
+        Query(alias="from", ge=0, le=2**53 - 1, description="start, Unix ms, inclusive; at most `to`"),
     ] = None,
     to_ms: Annotated[
         int | None, Query(alias="to", ge=0, le=2**53 - 1, description="end, Unix ms, inclusive")

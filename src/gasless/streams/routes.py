@@ -19,6 +19,7 @@ from gasless.auth.deps import (
     hold_origin,
     read_access_to,
     refuse_url_credentials,
+    verify_read_credential,
 )
 from gasless.errors import ApiError
 from gasless.http.formats import Address, CommaList
@@ -166,6 +167,7 @@ async def stream_access(
     named = _account(account) if account is not None else None
     if ticket is None:
         if named is None:
+            await verify_read_credential(request, authorization, api_key)  # credentials first
             raise ApiError(
                 "MALFORMED_REQUEST",
                 detail="account is required (or open the stream with a ticket)",
