@@ -109,7 +109,8 @@ TX_HASH_PATTERN = "^[0-9a-fA-F]{64}$"
 INTENT_ID_PATTERN = f"^{HRP}1[{BECH32_CHARS}]{{58}}:{NONCE}$"
 INTENT_OR_HASH_PATTERN = f"^(?:{HRP}1[{BECH32_CHARS}]{{58}}:{NONCE}|[0-9a-fA-F]{{64}})$"
 SHARD = decimal_range(UINT32_MAX)  # a shard number; the metachain is 4294967295
-AMOUNT_PATTERN = f"^(?:0|[1-9][0-9]{{0,{AMOUNT_DIGITS - 1}}})$"
+# `value` on the wire: no leading zeros, at most 78 digits; empty (as absent) is 0.
+AMOUNT_PATTERN = f"^(?:0|[1-9][0-9]{{0,{AMOUNT_DIGITS - 1}}})?$"
 SIGNATURE_PATTERN = "^[0-9a-fA-F]{128}$"
 BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 VISIBLE_ASCII_KEY_PATTERN = "^[!-~]{16,128}$"  # idempotency keys: 16 to 128 visible ASCII characters
@@ -167,9 +168,6 @@ def component_ref(name: str) -> dict[str, str]:
     return {REF_MARKER: name}
 
 
-_marker = component_ref
-
-
 def exact_integer_bounds(node: Any) -> Any:
     """`node` with the bounds of integer schemas as integers. FastAPI's document model types `minimum` and
     `maximum` as floats, so a model's `le=100` is published as `100.0` and an int64 bound as
@@ -204,17 +202,16 @@ def resolve_markers(node: Any) -> Any:
 # Pydantic types: validated as the pattern says, documented as a reference to the component. The `*Doc` forms
 # are documented only: response members (the service wrote the value) and parameters the service judges
 # itself in an order the spec sets (`{erd}` of a credentialed route is read after the credential).
-Address = Annotated[str, StringConstraints(pattern=ADDRESS_PATTERN), WithJsonSchema(_marker("Address"))]
-TxHash = Annotated[str, StringConstraints(pattern=TX_HASH_PATTERN), WithJsonSchema(_marker("TxHash"))]
-IntentId = Annotated[str, StringConstraints(pattern=INTENT_ID_PATTERN), WithJsonSchema(_marker("IntentId"))]
+Address = Annotated[str, StringConstraints(pattern=ADDRESS_PATTERN), WithJsonSchema(component_ref("Address"))]
+TxHash = Annotated[str, StringConstraints(pattern=TX_HASH_PATTERN), WithJsonSchema(component_ref("TxHash"))]
 IntentIdOrTxHash = Annotated[
     str,
     StringConstraints(pattern=INTENT_OR_HASH_PATTERN),
-    WithJsonSchema({"anyOf": [_marker("IntentId"), _marker("TxHash")]}),
+    WithJsonSchema({"anyOf": [component_ref("IntentId"), component_ref("TxHash")]}),
 ]
-AddressDoc = Annotated[str, WithJsonSchema(_marker("Address"))]
-TxHashDoc = Annotated[str, WithJsonSchema(_marker("TxHash"))]
-IntentIdDoc = Annotated[str, WithJsonSchema(_marker("IntentId"))]
+AddressDoc = Annotated[str, WithJsonSchema(component_ref("Address"))]
+TxHashDoc = Annotated[str, WithJsonSchema(component_ref("TxHash"))]
+IntentIdDoc = Annotated[str, WithJsonSchema(component_ref("IntentId"))]
 
 Int64 = Annotated[int, Field(ge=0, le=INT64_MAX)]  # a nonce
 SafeInt = Annotated[int, Field(ge=0, le=SAFE_INT_MAX)]  # times and other operational integers

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from gasless.http.formats import (
     AMOUNT_DIGITS,
+    AMOUNT_PATTERN,
     BASE64_PATTERN,
     INT64_MAX,
     SAFE_INT_MAX,
@@ -57,7 +58,7 @@ def transaction_schemas(chain_id: str) -> dict[str, dict[str, Any]]:
             "anyOf": [
                 {
                     "type": "string",
-                    "pattern": f"^(?:0|[1-9][0-9]{{0,{AMOUNT_DIGITS - 1}}})?$",
+                    "pattern": AMOUNT_PATTERN,
                     "maxLength": AMOUNT_DIGITS,
                     "description": f"atto, decimal without leading zeros, at most {AMOUNT_DIGITS} digits; "
                     "absent, null or empty is 0",
