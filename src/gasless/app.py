@@ -35,7 +35,9 @@ from gasless.db import create_engine, ping, upgrade
 from gasless.db.leader import SingletonRunner
 from gasless.host import Health, HostState, gateway_answers, purpose_keys, redis_answers
 from gasless.http.body_limit import BodyLimitMiddleware
+from gasless.http.head import HeadMiddleware
 from gasless.http.idempotency import IdempotencyStore
+from gasless.http.json_body import JsonBodyRoute
 from gasless.http.openapi import install_openapi
 from gasless.http.pages import CursorCodec
 from gasless.http.problems import RequestIdMiddleware, install_problem_handlers
@@ -63,6 +65,7 @@ from gasless.relay.ownership import RECOVERY_ROLE, HostIntents, OrphanAdopter
 from gasless.relay.quote import QuoteService
 from gasless.relay.relayers import RelayerPool
 from gasless.relay.repository import IntentRepository
+from gasless.relay.schemas import transaction_schemas
 from gasless.relay.service import RelayConfig, RelayService
 from gasless.settings import Settings
 from gasless.settlement import routes as settlement_routes
@@ -448,10 +451,12 @@ def create_app(
         redoc_url=None,
         openapi_url=None,  # served by gasless.http.openapi
     )
+    app.router.route_class = JsonBodyRoute  # as every router's: JSON bodies parsed by http/json_body
     app.state.host = state
     # Outermost last: request id, metrics, RateLimit-* headers, then origins/CORS (so even a 413 from the
     # body limit is readable by an allowed page, and an origin refusal carries its request id), then the
-    # body limit (before any route code).
+    # body limit (before any route code), then HEAD answered as GET without a body (next to the routes).
+    app.add_middleware(HeadMiddleware)
     app.add_middleware(BodyLimitMiddleware, docs_url=settings.docs_url)
     app.add_middleware(
         OriginMiddleware, router=app.router, policy=state.origin_policy, docs_url=settings.docs_url
@@ -474,7 +479,11 @@ def create_app(
     app.include_router(settlement_routes.router)
     app.include_router(incident_routes.router)
     app.include_router(auth_routes.admin_router)
-    install_openapi(app, (*relay_routes.EXTRA_SCHEMAS, *stream_routes.EXTRA_SCHEMAS))
+    install_openapi(
+        app,
+        (*relay_routes.EXTRA_SCHEMAS, *stream_routes.EXTRA_SCHEMAS),
+        transaction_schemas(settings.network.chain_id),
+    )
 
     def health(
         status: Literal["ok", "starting", "unavailable"],

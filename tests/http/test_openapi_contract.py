@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,7 +63,12 @@ SPEC_SCHEMAS = {
     "Account",
     "Quota",
     "UsageProof",
+    "UsageRow",
     "Incident",
+    # Data conventions: the schemas every identifier refers to.
+    "Address",
+    "TxHash",
+    "IntentId",
 }
 
 
@@ -259,7 +265,7 @@ def test_rendered_problems_match_the_problem_schema(app: FastAPI, document: dict
     answers = [
         client.get("/v1/nothing-here"),  # NOT_FOUND
         client.get("/v1/intents/erd1x/-1"),  # MALFORMED_REQUEST from FastAPI's validation
-        client.get("/v1/relay/abc"),  # UPSTREAM_UNAVAILABLE: this host never becomes ready
+        client.get("/v1/relay/" + "ab" * 32),  # UPSTREAM_UNAVAILABLE: this host never becomes ready
     ]
     assert [a.status_code for a in answers] == [404, 400, 503]
     for answer in answers:
@@ -374,7 +380,104 @@ def test_schema_names_and_success_responses_are_the_specs(document: dict[str, An
     assert body_schema("assignRelayer") == {"$ref": ref + "AssignRequest"}
     assert body_schema("quoteRelay") == {"$ref": ref + "QuoteRelayRequest"}
     assert body_schema("validateTransaction") == {"$ref": ref + "ValidateRequest"}
+    assert ok_schema("getUsageRow") == {"$ref": ref + "UsageRow"}
     assert document["components"]["schemas"]["RelayRequest"]["additionalProperties"] is False
+
+
+# Formats: identifiers by reference, every integer with its range ---------------------------------------------
+def test_identifier_schemas_carry_the_spec_s_patterns(document: dict[str, Any]) -> None:
+    schemas = document["components"]["schemas"]
+    assert schemas["Address"]["pattern"] == "^erd1[qpzry9x8gf2tvdw0s3jn54khce6mua7l]{58}$"
+    assert schemas["TxHash"]["pattern"] == "^[0-9a-fA-F]{64}$"
+    intent_id = schemas["IntentId"]["pattern"]
+    assert intent_id.startswith(schemas["Address"]["pattern"][:-1] + ":")
+    nonce = re.compile(intent_id)
+    address = "erd1" + "q" * 58
+    for value, valid in ((0, True), (2**63 - 1, True), (2**63, False), (10**19, False)):
+        assert bool(nonce.fullmatch(f"{address}:{value}")) is valid, value
+    assert not nonce.fullmatch(f"{address}:01")
+
+
+def test_identifiers_are_documented_by_reference(document: dict[str, Any]) -> None:
+    """Wherever an address, a hash or an intent id appears as a parameter, the parameter refers to the
+    spec's schema (so its pattern is the one place that says what is accepted)."""
+    by_name = {
+        "erd": "Address",
+        "sender": "Address",
+        "relayer": "Address",
+        "account": "Address",
+        "hash": "TxHash",
+        "txHash": "TxHash",
+    }
+    ref = "#/components/schemas/"
+    seen = set()
+    for path, method, operation in operations(document):
+        for parameter in operation.get("parameters", []):
+            name, schema = parameter["name"], parameter["schema"]
+            if name in by_name:
+                assert schema["$ref"] == ref + by_name[name], f"{method} {path} {name}: {schema}"
+                seen.add(name)
+            if name == "id":
+                assert schema["anyOf"] == [{"$ref": ref + "IntentId"}, {"$ref": ref + "TxHash"}], path
+                seen.add(name)
+    assert seen == {*by_name, "id"}
+    schemas = document["components"]["schemas"]
+    members = [
+        ("AssignRequest", "sender", "Address"),
+        ("StreamTicketCreate", "account", "Address"),
+        ("SignedTransaction", "sender", "Address"),
+        ("SignedTransaction", "receiver", "Address"),
+        ("SignedTransaction", "relayer", "Address"),
+        ("Transaction", "sender", "Address"),
+        ("Intent", "id", "IntentId"),
+        ("Intent", "sender", "Address"),
+        ("RelayResponse", "id", "IntentId"),
+        ("RelayResponse", "txHash", "TxHash"),
+        ("RelayResponse", "relayer", "Address"),
+        ("Assignment", "relayer", "Address"),
+        ("UsageListRow", "id", "IntentId"),
+    ]
+    for schema, member, target in members:
+        assert schemas[schema]["properties"][member]["$ref"] == ref + target, (schema, member)
+    assert schemas["RelayRequest"]["properties"]["tx"] == {"$ref": ref + "SignedTransaction"}
+    assert schemas["QuoteRelayRequest"]["properties"]["tx"] == {"$ref": ref + "Transaction"}
+
+
+def _request_schemas(document: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    """Every schema a request carries (parameters and bodies), with the components they refer to."""
+    for path, method, operation in operations(document):
+        for parameter in operation.get("parameters", []):
+            yield f"{method} {path} {parameter['name']}", parameter["schema"]
+        for media in operation.get("requestBody", {}).get("content", {}).values():
+            yield f"{method} {path} body", media["schema"]
+
+
+def _integers(document: dict[str, Any], node: Any, where: str, seen: set[str]) -> Iterator[tuple[str, Any]]:
+    if isinstance(node, list):
+        for item in node:
+            yield from _integers(document, item, where, seen)
+    elif isinstance(node, dict):
+        if "$ref" in node and node["$ref"] not in seen:
+            seen.add(node["$ref"])
+            yield from _integers(document, resolve(document, node["$ref"]), node["$ref"], seen)
+        if node.get("type") == "integer":
+            yield where, node
+        for key, value in node.items():
+            if key != "$ref":
+                yield from _integers(document, value, f"{where}.{key}", seen)
+
+
+def test_every_integer_a_request_carries_has_a_range(document: dict[str, Any]) -> None:
+    found = 0
+    for where, schema in _request_schemas(document):
+        for place, integer in _integers(document, schema, where, set()):
+            found += 1
+            if "enum" in integer:
+                continue
+            assert isinstance(integer.get("minimum"), int), f"{place}: {integer}"
+            assert isinstance(integer.get("maximum"), int), f"{place}: {integer}"
+            assert integer["maximum"] <= 2**63 - 1, f"{place}: {integer}"
+    assert found >= 20
 
 
 # Routes added later ---------------------------------------------------------------------------------------

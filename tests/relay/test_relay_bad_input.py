@@ -265,6 +265,90 @@ def test_nonce_beyond_int64_is_malformed(env: Any, problem: Any) -> None:
     assert body["details"]["field"] == "tx.nonce"
 
 
+# Integer ranges: every integer member has a documented range, refused the same way on every route -----------
+# 2^512 overflows the SDK's transaction encoder; 10^78 is one digit past the 78 a value may have; 5 000 digits
+# pass Python's int-parsing limit (4 300 digits).
+OUT_OF_RANGE_VALUES = [str(2**512), str(10**78), "1" * 5_000]
+BEYOND_2_53 = 2**53
+
+
+def never_cosigned(env: Any, address: str, nonce: int = 0) -> None:
+    """Nothing for `address` reached the network and nothing will: no co-signed intent holds the slot (an
+    error answer comes before the commit point), its account nonce is 0 and its pool is empty."""
+    slot = env.client.get(f"/v1/relay/{address}:{nonce}")
+    assert slot.status_code == 404 or slot.json()["state"] == "REJECTED", slot.text
+    assert int(gateway(env, f"/address/{address}/nonce")["nonce"]) == 0
+    assert gateway(env, f"/transaction/pool?by-sender={address}&fields=hash")["txPool"]["transactions"] == []
+
+
+def test_out_of_range_transaction_integers_are_malformed_on_every_route(
+    env: Any, problem: Any, subtests: Any
+) -> None:
+    lenient(env)  # an INTERNAL answer is asserted on, not re-raised in the test
+    sender = env.new_sender(1)
+    assignment = env.assign(sender)
+    lease = assignment["lease"]
+    cases: list[tuple[str, dict[str, Any]]] = []
+    for value in OUT_OF_RANGE_VALUES:
+        if len(value) < 4_000:  # signed as it is sent
+            cases.append(("tx.value", env.build(sender, assignment, value=int(value)).to_dictionary()))
+        else:  # the SDK cannot even print it: a signed transaction whose value is replaced
+            cases.append(("tx.value", {**env.build(sender, assignment).to_dictionary(), "value": value}))
+    cases += [
+        ("tx.nonce", env.build(sender, assignment, nonce=2**63).to_dictionary()),
+        ("tx.gasLimit", env.build(sender, assignment, gas_limit=BEYOND_2_53).to_dictionary()),
+        ("tx.gasPrice", env.build(sender, assignment, gas_price=BEYOND_2_53).to_dictionary()),
+    ]
+    for field, tx in cases:
+        label = f"{field}={str(tx[field[3:]])[:12]}..."
+        with subtests.test(route="relay", case=label):
+            refused = problem(post(env, "/v1/relay", {"tx": tx, "lease": lease}), "MALFORMED_REQUEST")
+            assert refused["details"]["field"] == field, refused
+        with subtests.test(route="validate", case=label):
+            answer = post(env, "/v1/validate", {"tx": tx, "lease": lease})
+            assert answer.status_code == 200, answer.text
+            verdict = answer.json()
+            assert verdict["ok"] is False and verdict["txHash"] is None, verdict
+            assert verdict["problems"][0]["code"] == "MALFORMED_REQUEST", verdict
+            assert verdict["problems"][0]["details"]["field"] == field, verdict
+        with subtests.test(route="quote", case=label):
+            refused = problem(post(env, "/v1/quote", {"tx": tx}), "MALFORMED_REQUEST")
+            assert refused["details"]["field"] == field, refused
+        with subtests.test(route="assign renewFor", case=label):
+            body = {"sender": sender.address, "proof": env.proof(sender), "renewFor": tx}
+            refused = problem(post(env, "/v1/relay/assign", body), "MALFORMED_REQUEST")
+            assert refused["details"]["field"] == "renewFor." + field[3:], refused
+    never_cosigned(env, sender.address)
+
+
+def test_out_of_range_nonces_outside_a_transaction_are_malformed(
+    env: Any, problem: Any, subtests: Any
+) -> None:
+    lenient(env)
+    sender = env.new_sender(1)
+    for nonce in (2**63, 2**64, 2**512):
+        with subtests.test(member="cancel", nonce=nonce):
+            body = {"sender": sender.address, "proof": env.proof(sender), "cancel": nonce}
+            assert problem(post(env, "/v1/relay/assign", body), "MALFORMED_REQUEST")["details"] == {
+                "field": "cancel"
+            }
+        for path, field in (
+            (f"/v1/intents/{sender.address}/{nonce}", "nonce"),
+            (f"/v1/relay/{sender.address}:{nonce}", "id"),
+            (f"/v1/relay/{sender.address}:{nonce}/events", "id"),
+        ):
+            with subtests.test(path=path):
+                assert problem(env.client.get(path), "MALFORMED_REQUEST")["details"]["field"] == field
+    for proof_time in (-1, 2**53, 2**512):
+        with subtests.test(member="proof.serverTimeMs", value=proof_time):
+            body = {"sender": sender.address, "proof": {**env.proof(sender), "serverTimeMs": proof_time}}
+            refused = problem(post(env, "/v1/relay/assign", body), "MALFORMED_REQUEST")
+            assert refused["details"]["field"] == "proof.serverTimeMs", refused
+    # In range, the largest nonce is an ordinary cancel request: nothing holds it.
+    body = {"sender": sender.address, "proof": env.proof(sender), "cancel": 2**63 - 1}
+    problem(post(env, "/v1/relay/assign", body), "NOTHING_TO_CANCEL")
+
+
 def test_stray_guardian_on_an_unguarded_tx_is_refused(env: Any, problem: Any) -> None:
     """The node refuses a guardian on a transaction without the guarded option: it must never be co-signed.
 
@@ -318,9 +402,11 @@ def test_malformed_paths(env: Any, problem: Any, subtests: Any) -> None:
         ("/v1/relay/" + "a" * 63 + "/events", "id"),
         (f"/v1/relay/{sender}:-1", "id"),
         (f"/v1/relay/{sender}:x", "id"),
-        (f"/v1/relay/{bad_checksum(sender)}:0", "sender"),
-        (f"/v1/relay/{mixed_case(sender)}:0", "sender"),
-        (f"/v1/relay/{other_hrp(sender)}:0", "sender"),
+        (f"/v1/relay/{bad_checksum(sender)}:0", "sender"),  # the id's shape is right, its sender is not
+        (f"/v1/relay/{mixed_case(sender)}:0", "id"),  # not the IntentId pattern (lower case, erd1)
+        (f"/v1/relay/{other_hrp(sender)}:0", "id"),
+        (f"/v1/relay/{sender}:007", "id"),  # a nonce has no leading zeros
+        (f"/v1/tx/{'a' * 63}G", "hash"),
         (f"/v1/intents/{sender}/-1", "nonce"),
         (f"/v1/intents/{sender}/abc", "nonce"),
         (f"/v1/intents/{sender}/{2**63}", "nonce"),
@@ -437,6 +523,29 @@ def test_validate_answers_what_relay_answers(env: Any, problem: Any, subtests: A
     codes = [p["code"] for p in post(env, "/v1/validate", both).json()["problems"]]
     assert codes[:2] == ["CHAIN_ID_MISMATCH", "GAS_PRICE_OUT_OF_RANGE"]
     assert_untouched(env, planned.address)
+
+
+def test_validate_refuses_a_body_that_is_not_its_schema(env: Any, problem: Any, subtests: Any) -> None:
+    """ValidateRequest is an object with an object `tx`: anything else is 400 MALFORMED_REQUEST, as the
+    document says; a `tx` relay would refuse is the 200 verdict listing relay's answer."""
+    cases: list[tuple[Any, str]] = [
+        ({}, "tx"),
+        ({"lease": "x.y"}, "tx"),
+        ({"variants": []}, "tx"),
+        ({"tx": None}, "tx"),
+        ({"tx": 5}, "tx"),
+        ({"tx": [wire(env)]}, "tx"),
+        ([None, None], "body"),
+        ("tx", "body"),
+    ]
+    for body, field in cases:
+        with subtests.test(body=str(body)[:40]):
+            assert problem(post(env, "/v1/validate", body), "MALFORMED_REQUEST")["details"] == {
+                "field": field
+            }
+    verdict = post(env, "/v1/validate", {"tx": {}})
+    assert verdict.status_code == 200 and verdict.json()["ok"] is False, verdict.text
+    assert verdict.json()["problems"][0]["code"] == "MALFORMED_REQUEST"
 
 
 def _as_sender(key: UserSecretKey) -> Any:

@@ -75,7 +75,7 @@ def test_default_table_is_what_the_routes_apply(make_env: Any) -> None:
     env = make_env(app_kwargs={"route_limits": RouteLimitTable()})
     assert headers_of(env.client.get("/v1/network"))[:2] == ("60", "59")
     assert headers_of(env.client.get("/v1/tx/" + "cd" * 32))[:2] == ("60", "58")
-    validate = env.client.post("/v1/validate", json={})
+    validate = env.client.post("/v1/validate", json={"tx": {}})  # ValidateRequest: an object `tx`
     assert validate.status_code == 200 and validate.json()["ok"] is False
     assert headers_of(validate)[:2] == ("2", "1")
     quote = env.client.post("/v1/quote", json={})

@@ -71,6 +71,10 @@ def test_stream_refusals_before_any_event(env: Any, auth: Any, platform_problem:
     assert unknown["details"] == {"field": "topics"} and "weather" in unknown["detail"]
     missing = problem(env.client.get("/v1/stream", headers=auth.bearer(account)), "MALFORMED_REQUEST")
     assert missing["details"] == {"field": "account"}
+    # Credentials first: without one (or with a forged one) the missing account is not what is said.
+    platform_problem(env.client.get("/v1/stream", params={"topics": "intents"}), "UNAUTHENTICATED")
+    forged = {"Authorization": "Bearer not-a-native-auth-token"}
+    assert env.client.get("/v1/stream", headers=forged).status_code == 401
     # A native-auth token is never accepted in the URL, whatever else is sent.
     in_url = env.client.get("/v1/stream", params={**params, "access_token": auth.token(account)})
     platform_problem(in_url, "TOKEN_INVALID", {"reason": "token_in_url"})

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gasless.accounts.schemas import Account, PaygSettings, PlanBlock, PurchaseEvent, PurchasesPage, Quota
 from gasless.db.tables import PURCHASE_KINDS, account_period_usage
 from gasless.errors import ApiError
+from gasless.http.formats import CommaList
 from gasless.http.pages import CursorCodec, PageParams, TimeWindow
 from gasless.mirror.repository import MirrorRepository
 
@@ -41,18 +42,12 @@ def period_of(start_ms: int, end_ms: int, now_ms: int) -> int | None:
     return start_ms + (max(0, now_ms - start_ms) // PERIOD_MS) * PERIOD_MS
 
 
+KIND_LIST = CommaList("kind", PURCHASE_KINDS)  # `kind=deposit,grant`: the pattern the document publishes
+
+
 def parse_kinds(raw: str | None) -> list[str] | None:
-    if raw is None or not raw.strip():
-        return None
-    kinds = [k.strip() for k in raw.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in PURCHASE_KINDS]
-    if unknown:
-        raise ApiError(
-            "MALFORMED_REQUEST",
-            detail=f"unknown purchase kind {unknown[0]!r}; one of {', '.join(PURCHASE_KINDS)}",
-            details={"field": "kind"},
-        )
-    return sorted(set(kinds))
+    kinds = KIND_LIST.parse(raw)
+    return sorted(kinds) if kinds is not None else None
 
 
 class AccountReads:

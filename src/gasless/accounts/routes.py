@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
-from gasless.accounts.mirror_reads import parse_kinds
+from gasless.accounts.mirror_reads import KIND_LIST, parse_kinds
 from gasless.accounts.schemas import Account, PurchasesPage, Quota
 from gasless.accounts.senders import AccountSendersPage
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
 from gasless.http.caching import ACCOUNT_MIRROR_CACHE, cached_json
+from gasless.http.formats import Address
+from gasless.http.json_body import api_router
 from gasless.http.pages import PageQuery, WindowQuery
 from gasless.limits.route_classes import PUBLIC_READ
 
-router = APIRouter(tags=["accounts"])
-ErdPath = Annotated[str, Path(max_length=100)]
+router = api_router(tags=["accounts"])
+ErdPath = Annotated[Address, Path(description="the account's address")]
 
 
 def _host(request: Request) -> Any:
@@ -83,7 +85,8 @@ async def list_account_purchases(
     page: PageQuery,
     window: WindowQuery,
     kind: Annotated[
-        str | None, Query(max_length=200, description="comma-separated PurchaseKind values")
+        str | None,
+        Query(description="comma-separated PurchaseKind values", json_schema_extra=KIND_LIST.schema()),
     ] = None,
     format: Annotated[Literal["json", "csv"], Query(description="csv streams every matching row")] = "json",
 ) -> Response:

@@ -33,6 +33,7 @@ from gasless.auth.native_auth import NativeAuthError
 from gasless.auth.origins import origin_not_allowed
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
+from gasless.http.formats import AddressDoc
 from gasless.keys.key_format import looks_like_key
 from gasless.keys.schemas import ApiKeyScope
 from gasless.keys.service import SponsorKey, invalid_key
@@ -279,6 +280,17 @@ async def _account_access(
     return access
 
 
+async def verify_read_credential(request: Request, authorization: str | None, api_key: str | None) -> None:
+    """The credential of a DashboardRead, verified before the account it reads is known: an anonymous or
+    forged caller learns nothing about the rest of the request (401/403 before any 400)."""
+    if authorization is None and api_key is not None:
+        _hold_origin(request)
+        _refuse_url_credentials(request, tokens=True)
+        await _resolve_key(request, api_key, "read")
+        return
+    await _verify_native_auth(request, authorization, accepts_key=True)
+
+
 async def read_access_to(
     request: Request, account: str, authorization: str | None, api_key: str | None
 ) -> AccountAccess:
@@ -287,7 +299,8 @@ async def read_access_to(
     return await _account_access(request, account, "read", authorization, api_key, keys=True)
 
 
-ErdPath = Annotated[str, Path(max_length=100, description="the account's bech32 address")]
+# Documented as an Address; judged after the credential (an anonymous caller learns nothing from a 400).
+ErdPath = Annotated[AddressDoc, Path(max_length=100, description="the account's bech32 address")]
 
 
 def account_access(mode: Mode, *, keys: bool = False) -> Callable[..., Any]:

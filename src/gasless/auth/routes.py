@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 
 from gasless.auth.deps import NativeAuthCaller, native_auth_caller
 from gasless.auth.schemas import Me, MeAccount
 from gasless.errors import ApiError
+from gasless.http.json_body import api_router
 from gasless.limits.route_classes import private_read
 
-router = APIRouter(tags=["account"])
+router = api_router(tags=["account"])
 ADMIN_PREFIX = "/v1/admin"
 _ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
@@ -31,7 +32,7 @@ async def get_me(request: Request, caller: NativeAuthCaller) -> Me:
     )
 
 
-admin_router = APIRouter()
+admin_router = api_router()
 
 
 @admin_router.api_route(ADMIN_PREFIX, methods=_ALL_METHODS, include_in_schema=False)

@@ -9,16 +9,23 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from typing import Any
 
 from multiversx_sdk import Address, Transaction, TransactionComputer, UserPublicKey
 
 from gasless.chain.addresses import InvalidAddress, parse_address
+from gasless.http.formats import AMOUNT_DIGITS, BASE64_PATTERN, INT64_MAX, SAFE_INT_MAX, UINT32_MAX
 
 _computer = TransactionComputer()
+_HEX = re.compile("[0-9a-fA-F]*")
+_BASE64 = re.compile(BASE64_PATTERN.removeprefix("^").removesuffix("$"))
 
-U64_MAX = 2**64 - 1
-U32_MAX = 2**32 - 1
+# The ranges of the wire members (gasless.http.formats; docs/api-conventions.md "Input formats"): a nonce is an
+# int64, gas limit and gas price stay below 2^53, version and options are uint32, `value` has at most 78
+# digits. The network's own types are wider (uint64, big integers); nothing in range is lost, and nothing out
+# of range reaches the SDK's encoders (which overflow) or the database (int64 columns).
+U32_MAX = UINT32_MAX
 
 # Wire members as the gateway's `POST /transaction/send` accepts them.
 WIRE_FIELDS = frozenset(
@@ -53,12 +60,14 @@ class WireError(ValueError):
         self.message = message
 
 
-def _uint(d: dict[str, Any], name: str, *, required: bool, maximum: int = U64_MAX) -> int:
+def _uint(d: dict[str, Any], name: str, *, required: bool, maximum: int) -> int:
     value = d.get(name)
     if value is None:
         if required:
             raise WireError(name, "is required")
         return 0
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON Schema's integer: a number with a zero fraction (`2.0` is 2)
     if isinstance(value, bool) or not isinstance(value, int):
         raise WireError(name, "must be an integer")
     if value < 0 or value > maximum:
@@ -74,6 +83,8 @@ def _decimal(d: dict[str, Any], name: str) -> int:
         raise WireError(name, "must be a non-negative decimal string")
     if len(value) > 1 and value[0] == "0":
         raise WireError(name, "must not have leading zeros")
+    if len(value) > AMOUNT_DIGITS:  # before int(): no huge conversions, no integers the encoders refuse
+        raise WireError(name, f"must have at most {AMOUNT_DIGITS} digits")
     return int(value)
 
 
@@ -95,12 +106,9 @@ def _hex(d: dict[str, Any], name: str, *, length: int | None = 64) -> bytes:
     value = d.get(name)
     if value in (None, ""):
         return b""
-    if not isinstance(value, str):
-        raise WireError(name, "must be a hex string")
-    try:
-        raw = bytes.fromhex(value)
-    except ValueError:
-        raise WireError(name, "must be a hex string") from None
+    if not isinstance(value, str) or not _HEX.fullmatch(value) or len(value) % 2:
+        raise WireError(name, "must be a hex string")  # fromhex() alone would also skip spaces
+    raw = bytes.fromhex(value)
     if length is not None and len(raw) != length:
         raise WireError(name, f"must be {length} bytes ({length * 2} hex characters)")
     return raw
@@ -112,6 +120,8 @@ def _b64(d: dict[str, Any], name: str) -> bytes:
         return b""
     if not isinstance(value, str):
         raise WireError(name, "must be a base64 string")
+    if not _BASE64.fullmatch(value):  # exactly what the documented pattern says: padded, standard alphabet
+        raise WireError(name, "must be standard base64")
     try:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
@@ -132,9 +142,9 @@ def tx_from_wire(d: Any, *, allow_unknown: bool = True) -> Transaction:
     sender = _address(d, "sender", required=True)
     receiver = _address(d, "receiver", required=True)
     assert sender is not None and receiver is not None
-    nonce = _uint(d, "nonce", required=False)
-    gas_price = _uint(d, "gasPrice", required=True)
-    gas_limit = _uint(d, "gasLimit", required=True)
+    nonce = _uint(d, "nonce", required=False, maximum=INT64_MAX)
+    gas_price = _uint(d, "gasPrice", required=True, maximum=SAFE_INT_MAX)
+    gas_limit = _uint(d, "gasLimit", required=True, maximum=SAFE_INT_MAX)
     version = _uint(d, "version", required=True, maximum=U32_MAX)
     options = _uint(d, "options", required=False, maximum=U32_MAX)
     for name in ("senderUsername", "receiverUsername"):

@@ -28,6 +28,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from gasless.errors import CATALOGUE, PROBLEM_MEDIA_TYPE
+from gasless.http.formats import COMPONENTS as FORMAT_COMPONENTS
+from gasless.http.formats import exact_integer_bounds, resolve_markers
 from gasless.http.operations import API_KEY, NATIVE_AUTH, OPERATIONS, X402, default_contract
 from gasless.http.problems import REQUEST_ID_HEADER
 
@@ -314,8 +316,14 @@ def _has_own_content(response: Mapping[str, Any]) -> bool:
     return bool(content) and PROBLEM_MEDIA_TYPE not in content
 
 
-def build_document(app: FastAPI, extra_models: Iterable[type[BaseModel]] = ()) -> dict[str, Any]:
-    """The whole document for `app` (not cached; `install_openapi` caches it)."""
+def build_document(
+    app: FastAPI,
+    extra_models: Iterable[type[BaseModel]] = (),
+    extra_schemas: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """The whole document for `app` (not cached; `install_openapi` caches it). `extra_schemas` are
+    components written as JSON schemas (named by their key), beside the shared formats (`Address`,
+    `TxHash`, `IntentId`, http/formats.py)."""
     document = get_openapi(
         title=app.title,
         version=API_VERSION,
@@ -338,6 +346,12 @@ def build_document(app: FastAPI, extra_models: Iterable[type[BaseModel]] = ()) -
         for name, definition in schema.pop("$defs", {}).items():
             schemas.setdefault(name, definition)
         schemas[model.__name__] = schema
+    for name, definition in {**FORMAT_COMPONENTS, **(extra_schemas or {})}.items():
+        schemas[name] = copy.deepcopy(dict(definition))
+    document = resolve_markers(document)  # pydantic's stand-ins for `$ref`s to the format components
+    document = exact_integer_bounds(document)
+    components = document["components"]
+    schemas = components["schemas"]
     _normalise_security(document)
     for path, item in document.get("paths", {}).items():
         for operation in item.values():
@@ -350,14 +364,18 @@ def build_document(app: FastAPI, extra_models: Iterable[type[BaseModel]] = ()) -
     return document
 
 
-def install_openapi(app: FastAPI, extra_models: Iterable[type[BaseModel]] = ()) -> None:
+def install_openapi(
+    app: FastAPI,
+    extra_models: Iterable[type[BaseModel]] = (),
+    extra_schemas: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
     """Serve the document at `GET /openapi.json` (built on first use, then cached) and make `app.openapi`
     return it. The app must be created with `openapi_url=None` so FastAPI's own route does not shadow this."""
     models = tuple(extra_models)
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = build_document(app, models)
+            app.openapi_schema = build_document(app, models, extra_schemas)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

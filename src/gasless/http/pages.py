@@ -33,6 +33,7 @@ CURSOR_TTL_MS = 3_600_000
 # bytes (and the same ETag).
 CURSOR_EXPIRY_STEP_MS = 60_000
 MAX_CURSOR_CHARS = 1_024
+CURSOR_PATTERN = "^[A-Za-z0-9_-]+[.][A-Za-z0-9_-]+$"  # base64url(payload).base64url(mac), unpadded
 _CURSOR_VERSION = 1
 
 T = TypeVar("T")
@@ -57,7 +58,15 @@ def page_params(
     limit: Annotated[
         int, Query(ge=1, le=MAX_PAGE_SIZE, description="page size, 1 to 200 (default 50)")
     ] = DEFAULT_PAGE_SIZE,
-    cursor: Annotated[str | None, Query(description="the previous page's `nextCursor`")] = None,
+    cursor: Annotated[
+        str | None,
+        Query(
+            description="the previous page's `nextCursor`, as it was given (opaque; a cursor that is "
+            "malformed, forged, of another listing or expired is 400 CURSOR_INVALID)",
+            # Documented here, judged by CursorCodec.open: the spec answers CURSOR_INVALID, not a schema error.
+            json_schema_extra={"pattern": CURSOR_PATTERN, "maxLength": MAX_CURSOR_CHARS},
+        ),
+    ] = None,
 ) -> PageParams:
     return PageParams(limit=limit, cursor=cursor)
 
@@ -73,7 +82,8 @@ class TimeWindow:
 
 def time_window(
     from_ms: Annotated[
-        int | None, Query(alias="from", ge=0, le=2**53 - 1, description="start, Unix ms, inclusive")
+        int | None,
+        Query(alias="from", ge=0, le=2**53 - 1, description="start, Unix ms, inclusive; at most `to`"),
     ] = None,
     to_ms: Annotated[
         int | None, Query(alias="to", ge=0, le=2**53 - 1, description="end, Unix ms, inclusive")

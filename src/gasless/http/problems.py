@@ -116,7 +116,11 @@ def install_problem_handlers(app: FastAPI, docs_url: str, record_file: Path | No
     @app.exception_handler(RequestValidationError)
     async def on_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         field = _field_of(exc)
-        message = exc.errors()[0].get("msg", "invalid request") if exc.errors() else "invalid request"
+        first = exc.errors()[0] if exc.errors() else {}
+        message = first.get("msg", "invalid request")
+        if first.get("type") == "string_pattern_mismatch":
+            # Not the regular expression itself (an int64 range spelled out is hundreds of characters).
+            message = "does not have the documented format (see its pattern in /openapi.json)"
         error = ApiError(
             "MALFORMED_REQUEST", detail=f"{field or 'body'}: {message}", details={"field": field}
         )
@@ -132,5 +136,9 @@ def install_problem_handlers(app: FastAPI, docs_url: str, record_file: Path | No
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette sends this answer, then re-raises the exception to the server, which closes the
+        # connection: the answer says so (`Connection: close`), so it is a complete response and a client
+        # does not reuse a connection that is about to close.
         log.error("unexpected failure", error_type=type(exc).__name__)
-        return problem_response(request, ApiError("INTERNAL", detail="unexpected failure"), docs_url)
+        error = ApiError("INTERNAL", detail="unexpected failure", headers={"Connection": "close"})
+        return problem_response(request, error, docs_url)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import Path, Query, Request, Response
 
 from gasless.http.caching import cached_json
+from gasless.http.json_body import api_router
 from gasless.http.pages import PageQuery, WindowQuery
 from gasless.incidents.schemas import Incident, IncidentsPage, IncidentStatus
 from gasless.limits.route_classes import PUBLIC_READ
 
-router = APIRouter(tags=["incidents"])
+router = api_router(tags=["incidents"])
 
 # A status page polls these: an incident raised or updated shows within a few seconds. A resolved incident
 # never changes again (resolved is final).

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import Path, Request, Response
 
 from gasless.auth.actions import CHALLENGE_HEADER, SIGNATURE_HEADER
 from gasless.auth.deps import AccountRead, AccountRevoke, AccountWrite, account_read
+from gasless.http.json_body import api_router
 from gasless.keys.schemas import ApiKey, ApiKeyCreate, ApiKeyCreated, ApiKeyList, ApiKeyUpdate
 from gasless.limits.route_classes import Caller, account_rate, private_read
 
-router = APIRouter(tags=["keys"])
+router = api_router(tags=["keys"])
 KeyIdPath = Annotated[str, Path(max_length=64, description="the key's public id")]
 NO_STORE = "no-store"  # key material and account data never sit in a shared or browser cache
 

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from gasless.chain.addresses import InvalidAddress, parse_address
+from gasless.http.formats import Address as WireAddress
 
 MAX_RECEIVERS = 100
 ApiKeyScope = Literal["relay", "read"]
@@ -29,7 +30,7 @@ def _label(value: str) -> str:
     return value
 
 
-Address = Annotated[str, Field(max_length=100), AfterValidator(_address)]
+Address = Annotated[WireAddress, AfterValidator(_address)]  # the documented shape, then its checksum
 Label = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_label)]
 
 

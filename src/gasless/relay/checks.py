@@ -7,7 +7,6 @@ Each check returns an ApiError or None, so `POST /v1/relay` stops at the first f
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,8 @@ from gasless.chain.codec import WireError, signing_bytes, tx_from_wire
 from gasless.chain.gas import OPTION_GUARDED, OPTION_HASH_SIGN, is_guarded
 from gasless.chain.network import NetworkParams
 from gasless.errors import ApiError
+from gasless.http.formats import INT64_MAX
+from gasless.http.json_body import parse_json
 
 MAX_BODY_BYTES = 131_072
 SUPPORTED_VERSION = 2
@@ -27,7 +28,6 @@ SUPPORTED_OPTIONS = OPTION_HASH_SIGN | OPTION_GUARDED
 RELAY_MEMBERS = frozenset({"tx", "lease", "intentKey", "account"})
 VARIANT_MEMBERS = ("variants", "transactions", "alternates")
 IDEMPOTENCY_KEY_MIN, IDEMPOTENCY_KEY_MAX = 16, 128
-INT64_MAX = 2**63 - 1
 
 Check = Callable[[], ApiError | None]
 
@@ -60,14 +60,10 @@ class ParsedRelay:
 
 
 def parse_json_body(raw: bytes) -> Any:
+    """The body's JSON, as every route parses it (a repeated member is MALFORMED_REQUEST, http/json_body)."""
     if len(raw) > MAX_BODY_BYTES:
         raise ApiError("PAYLOAD_TOO_LARGE", detail=f"body is larger than {MAX_BODY_BYTES} bytes")
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: absurdly nested arrays
-        raise ApiError(
-            "MALFORMED_REQUEST", detail="body is not valid JSON", details={"field": "body"}
-        ) from None
+    return parse_json(raw)
 
 
 def _valid_key(key: str) -> bool:
@@ -109,9 +105,7 @@ def parse_relay_body(
         raise ApiError(
             "RELAYER_SIGNATURE_PRESENT", detail="the transaction already carries a relayer signature"
         )
-    tx = parse_transaction(wire)
-    if tx.nonce > INT64_MAX:
-        raise ApiError("MALFORMED_REQUEST", detail="tx.nonce is an int64", details={"field": "tx.nonce"})
+    tx = parse_transaction(wire)  # every integer in its range (gasless.http.formats), or MALFORMED_REQUEST
     intent_key = body.get("intentKey")
     if intent_key is not None and (not isinstance(intent_key, str) or not _valid_key(intent_key)):
         raise ApiError(

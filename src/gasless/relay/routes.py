@@ -9,7 +9,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Path, Request, Response
+from fastapi import Depends, Header, Path, Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
@@ -19,6 +19,8 @@ from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
 from gasless.errors import ApiError
 from gasless.http.caching import NETWORK_CACHE, cached_json, intent_cache_control
+from gasless.http.formats import INT64_MAX, VISIBLE_ASCII_KEY_PATTERN, Address, IntentIdOrTxHash, TxHash
+from gasless.http.json_body import api_router
 from gasless.http.problems import record_problems
 from gasless.limits.route_classes import ASSIGN_IP, PUBLIC_READ, RELAY_EVENTS, client_key, enforce, record
 from gasless.relay.checks import MAX_BODY_BYTES
@@ -73,7 +75,8 @@ async def limit_quote(request: Request) -> None:
 
 QUOTE = Depends(limit_quote)
 
-router = APIRouter(tags=["relay"])
+router = api_router(tags=["relay"])
+IntentOrHashPath = Annotated[IntentIdOrTxHash, Path(description="an IntentId or a TxHash")]
 
 
 def _host(request: Request) -> Any:
@@ -139,7 +142,14 @@ async def assign(request: Request, body: AssignRequest, bearer: OptionalBearer) 
 async def relay(
     request: Request,
     sponsor: RelaySponsorKey,  # a present key is verified first: API_KEY_INVALID before any other check
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            description="logical idempotency key, 16 to 128 visible ASCII characters (wins over intentKey)",
+            json_schema_extra={"pattern": VISIBLE_ASCII_KEY_PATTERN},  # judged by relay/checks.py
+        ),
+    ] = None,
 ) -> Response:
     received_ms = int(time.time() * 1000)
     host = _host(request)
@@ -175,10 +185,11 @@ async def _intent_for(request: Request, ident: str) -> Intent:
             return rejected_intent(rejected, round_ms)
         raise ApiError("NOT_FOUND", detail=f"no intent with transaction hash {tx_hash}")
     sender, _, nonce_text = ident.rpartition(":")
-    if not sender or not _is_decimal(nonce_text):
+    # At most 19 digits before int(): the nonce is an int64, and a long digit string is never converted.
+    if not sender or not _is_decimal(nonce_text) or len(nonce_text) > 19 or int(nonce_text) > INT64_MAX:
         raise ApiError(
             "MALFORMED_REQUEST",
-            detail="id is an IntentId (<sender>:<nonce>) or a 64-hex transaction hash",
+            detail="id is an IntentId (<sender>:<nonce>, the nonce an int64) or a 64-hex transaction hash",
             details={"field": "id"},
         )
     return await _intent_for_slot(request, sender, int(nonce_text))
@@ -192,7 +203,7 @@ async def _intent_for_slot(request: Request, sender: str, nonce: int) -> Intent:
         raise ApiError(
             "MALFORMED_REQUEST", detail="sender is not a valid erd1 address", details={"field": "sender"}
         ) from None
-    if nonce >= 2**63:
+    if nonce > INT64_MAX:
         raise ApiError("MALFORMED_REQUEST", detail="nonce is an int64", details={"field": "nonce"})
     round_ms = host.relay.network.params.round_duration_ms  # 503 while starting
     row = await host.repo.by_slot(sender, nonce)
@@ -211,7 +222,7 @@ def _cached_intent(request: Request, intent: Intent) -> Response:
 @router.get(
     "/v1/relay/{id}", operation_id="getRelayStatus", response_model=Intent, dependencies=[PUBLIC_READ]
 )
-async def get_relay(request: Request, id: Annotated[str, Path(max_length=200)]) -> Response:
+async def get_relay(request: Request, id: IntentOrHashPath) -> Response:
     return _cached_intent(request, await _intent_for(request, id))
 
 
@@ -223,8 +234,8 @@ async def get_relay(request: Request, id: Annotated[str, Path(max_length=200)]) 
 )
 async def get_intent(
     request: Request,
-    sender: Annotated[str, Path(max_length=100)],
-    nonce: Annotated[int, Path(ge=0, le=2**63 - 1)],
+    sender: Annotated[Address, Path()],
+    nonce: Annotated[int, Path(ge=0, le=INT64_MAX, description="int64")],
 ) -> Response:
     return _cached_intent(request, await _intent_for_slot(request, sender, nonce))
 
@@ -232,11 +243,7 @@ async def get_intent(
 @router.get(
     "/v1/tx/{hash}", operation_id="getIntentByTxHash", response_model=Intent, dependencies=[PUBLIC_READ]
 )
-async def get_tx(request: Request, hash: Annotated[str, Path(max_length=200)]) -> Response:
-    if not _HASH.fullmatch(hash):
-        raise ApiError(
-            "MALFORMED_REQUEST", detail="hash is 64 hexadecimal characters", details={"field": "hash"}
-        )
+async def get_tx(request: Request, hash: Annotated[TxHash, Path()]) -> Response:
     return _cached_intent(request, await _intent_for(request, hash))
 
 
@@ -249,7 +256,7 @@ async def get_tx(request: Request, hash: Annotated[str, Path(max_length=200)]) -
 )
 async def relay_events(
     request: Request,
-    id: Annotated[str, Path(max_length=200)],
+    id: IntentOrHashPath,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> EventSourceResponse:
     first = await _intent_for(request, id)  # 404 before the stream opens

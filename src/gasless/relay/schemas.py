@@ -2,12 +2,123 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import copy
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+
+from gasless.http.formats import (
+    AMOUNT_DIGITS,
+    AMOUNT_PATTERN,
+    BASE64_PATTERN,
+    INT64_MAX,
+    SAFE_INT_MAX,
+    SIGNATURE_PATTERN,
+    UINT32_MAX,
+    VISIBLE_ASCII_KEY_PATTERN,
+    Address,
+    AddressDoc,
+    Int64,
+    IntentIdDoc,
+    SafeInt,
+    TxHashDoc,
+    component_ref,
+    ref,
+)
+from gasless.relay.leases import MAX_LEASE_CHARS
 
 IntentState = Literal["COSIGNED", "BROADCAST", "EXECUTED", "FINALIZED", "DEAD", "REJECTED"]
 LeaseKindName = Literal["std", "sponsor", "cancel", "free"]
+
+
+# Transactions on the wire ----------------------------------------------------------------------------------
+# The gateway's JSON form, judged by chain/codec.py (tx_from_wire) with the ranges of gasless.http.formats;
+# these schemas document exactly what it accepts. A member may be absent; the optional ones may also be null
+# or "" (the SDK's `to_dictionary()` writes "" for an absent address, signature or data). `chainID` is the
+# one this host serves (filled in per host by `transaction_schemas`).
+Wire = Annotated[dict[str, Any], WithJsonSchema(component_ref("Transaction"))]
+SignedWire = Annotated[dict[str, Any], WithJsonSchema(component_ref("SignedTransaction"))]
+_NULL: dict[str, Any] = {"type": "null"}
+_EMPTY: dict[str, Any] = {"type": "string", "maxLength": 0}
+
+
+def _uint(maximum: int, description: str) -> dict[str, Any]:
+    return {"type": "integer", "minimum": 0, "maximum": maximum, "description": description}
+
+
+def transaction_schemas(chain_id: str) -> dict[str, dict[str, Any]]:
+    """The components `Transaction` (quote: signed or not) and `SignedTransaction` (relay, validate's
+    reference, assign's `renewFor`) for a host serving `chain_id`."""
+    signature = {"type": "string", "pattern": SIGNATURE_PATTERN, "description": "64 bytes, hex"}
+    base64 = {"type": "string", "pattern": BASE64_PATTERN, "description": "standard base64 (padded)"}
+    optional_address = {"anyOf": [ref("Address"), _EMPTY, _NULL]}
+    properties: dict[str, Any] = {
+        "nonce": {"anyOf": [_uint(INT64_MAX, "int64; absent or null is 0"), _NULL]},
+        "value": {
+            "anyOf": [
+                {
+                    "type": "string",
+                    "pattern": AMOUNT_PATTERN,
+                    "maxLength": AMOUNT_DIGITS,
+                    "description": f"atto, decimal without leading zeros, at most {AMOUNT_DIGITS} digits; "
+                    "absent, null or empty is 0",
+                },
+                _NULL,
+            ]
+        },
+        "receiver": ref("Address"),
+        "sender": ref("Address"),
+        "senderUsername": {"anyOf": [base64, _NULL]},
+        "receiverUsername": {"anyOf": [base64, _NULL]},
+        "gasPrice": _uint(SAFE_INT_MAX, "below 2^53"),
+        "gasLimit": _uint(SAFE_INT_MAX, "below 2^53"),
+        "data": {"anyOf": [base64, _NULL]},
+        "chainID": {"type": "string", "const": chain_id, "description": "the chain this host serves"},
+        "version": _uint(UINT32_MAX, "uint32"),
+        "options": {"anyOf": [_uint(UINT32_MAX, "uint32; absent or null is 0"), _NULL]},
+        "guardian": optional_address,
+        "guardianSignature": {"anyOf": [signature, _EMPTY, _NULL]},
+        "signature": {"anyOf": [signature, _EMPTY, _NULL]},
+        "relayer": optional_address,
+        "relayerSignature": {"anyOf": [signature, _EMPTY, _NULL]},
+    }
+    unsigned = {
+        "title": "Transaction",
+        "description": "A transaction in the gateway's JSON form, signed or not (POST /v1/quote). Unknown "
+        "members are refused.",
+        "type": "object",
+        "properties": properties,
+        "required": ["sender", "receiver", "gasPrice", "gasLimit", "chainID", "version"],
+        "additionalProperties": False,
+    }
+    signed = copy.deepcopy(unsigned)
+    signed["title"] = "SignedTransaction"
+    signed["description"] = (
+        "The user-signed Relayed-V3 transaction of POST /v1/relay: version 2, options 0 to 3 (hash signing, "
+        "guarded), naming the assigned relayer, without a relayer signature. A missing or wrong sender "
+        "signature is 422 SENDER_SIGNATURE_INVALID; the network's own limits (gas price, gas limit, data "
+        "size, balance) are 422 as well."
+    )
+    signed["properties"].update(
+        {
+            "version": {
+                "type": "integer",
+                "enum": [2],
+                "description": "2 (TX_VERSION_UNSUPPORTED otherwise)",
+            },
+            "options": {
+                "anyOf": [{"type": "integer", "enum": [0, 1, 2, 3]}, _NULL],
+                "description": "bit 0 hash signing, bit 1 guarded (TX_OPTIONS_UNSUPPORTED otherwise)",
+            },
+            "relayer": ref("Address"),
+            "relayerSignature": {
+                "anyOf": [_EMPTY, _NULL],
+                "description": "absent or empty (RELAYER_SIGNATURE_PRESENT otherwise)",
+            },
+        }
+    )
+    signed["required"] = [*unsigned["required"], "relayer"]
+    return {"Transaction": unsigned, "SignedTransaction": signed}
 
 
 class IntentLatency(BaseModel):
@@ -25,10 +136,10 @@ class IntentLatency(BaseModel):
 class Intent(BaseModel):
     """One relayed transaction's status, keyed by sender and nonce."""
 
-    id: str = Field(description="`<sender>:<nonce>`")
-    sender: str
-    nonce: int = Field(ge=0)
-    txHash: str | None
+    id: IntentIdDoc = Field(description="`<sender>:<nonce>`")
+    sender: AddressDoc
+    nonce: Int64
+    txHash: TxHashDoc | None
     state: IntentState
     final: bool
     receivedAtMs: int | None
@@ -56,26 +167,28 @@ class AssignProof(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     kind: Literal["key", "sponsor"] = "key"
-    serverTimeMs: int | None = None
+    serverTimeMs: SafeInt | None = Field(default=None, description="the signed server time, Unix ms")
     signature: str | None = Field(
         default=None,
-        description="hex raw Ed25519 signature over `relay/assign/v1|<chainId>|<sender>|<serverTimeMs>`",
+        description="hex raw Ed25519 signature (128 hex characters) over "
+        "`relay/assign/v1|<chainId>|<sender>|<serverTimeMs>`; one that does not verify, whatever its "
+        "shape, is 401 ASSIGN_PROOF_INVALID",
     )
 
 
 class AssignRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    sender: str
+    sender: Address
     proof: AssignProof | None = None
-    renewFor: dict[str, Any] | None = Field(
+    renewFor: SignedWire | None = Field(
         default=None, description="the already signed transaction (wire form) whose lease expired"
     )
-    cancel: int | None = Field(default=None, ge=0, description="nonce of the in-flight intent to cancel")
+    cancel: Int64 | None = Field(default=None, description="nonce (int64) of the in-flight intent to cancel")
 
 
 class Assignment(BaseModel):
-    relayer: str
+    relayer: AddressDoc
     shard: int
     lease: str
     kind: LeaseKindName
@@ -95,11 +208,11 @@ class BillingInfo(BaseModel):
 
 
 class RelayResponse(BaseModel):
-    id: str
-    txHash: str
+    id: IntentIdDoc
+    txHash: TxHashDoc
     state: IntentState
     duplicate: bool
-    relayer: str
+    relayer: AddressDoc
     intent: Intent
     billing: BillingInfo
 
@@ -109,10 +222,19 @@ class RelayRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    tx: dict[str, Any]
-    lease: str
-    intentKey: str | None = None
-    account: str | None = Field(
+    tx: SignedWire
+    lease: str = Field(
+        min_length=1,
+        max_length=MAX_LEASE_CHARS,
+        description="the lease from POST /v1/relay/assign, as it was issued (opaque; one that does not "
+        "verify, whatever its shape, is 403 LEASE_INVALID)",
+    )
+    intentKey: str | None = Field(
+        default=None,
+        pattern=VISIBLE_ASCII_KEY_PATTERN,
+        description="logical idempotency key: 16 to 128 visible ASCII characters (`Idempotency-Key` wins)",
+    )
+    account: Address | None = Field(
         default=None,
         description="the account the sender expects to pay (its own or one naming it as an authorised "
         "sender); SENDER_NOT_AUTHORIZED otherwise. Ignored when a sponsor key pays.",
@@ -122,7 +244,7 @@ class RelayRequest(BaseModel):
 class QuoteRelayRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    tx: dict[str, Any]
+    tx: Wire
 
 
 class RelayQuote(BaseModel):
@@ -137,11 +259,18 @@ class RelayQuote(BaseModel):
 
 
 class ValidateRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """What `POST /v1/relay` would receive. The body must be an object with an object `tx` (else 400
+    MALFORMED_REQUEST); everything `POST /v1/relay` would refuse in it (a member of another type or
+    range, an unknown member, `variants`, ... see RelayRequest and SignedTransaction) is answered 200 with
+    `ok: false` and that refusal listed in `problems`."""
 
-    tx: dict[str, Any]
-    lease: str | None = None
-    intentKey: str | None = None
+    model_config = ConfigDict(extra="allow")
+
+    tx: dict[str, Any] = Field(
+        description="the transaction, judged as POST /v1/relay judges it (see SignedTransaction)"
+    )
+    lease: Any = Field(default=None, description="as in RelayRequest; judged, not required")
+    intentKey: Any = Field(default=None, description="as in RelayRequest; judged, not required")
 
 
 class ValidateProblem(BaseModel):
@@ -156,7 +285,7 @@ class ValidateProblem(BaseModel):
 class ValidateResponse(BaseModel):
     ok: bool
     problems: list[ValidateProblem]
-    txHash: str | None = None
+    txHash: TxHashDoc | None = None
 
 
 class NetworkNativeAuth(BaseModel):

@@ -1,7 +1,8 @@
 """POST /v1/validate: the relay checks without signing, storing or sending anything.
 
-The first problem listed is exactly what `POST /v1/relay` would answer; independent checks of the same
-stage are all listed.
+A body that does not match the endpoint's schema (ValidateRequest: an object with an object `tx`) is 400
+MALFORMED_REQUEST. Anything else is 200: the first problem listed is exactly what `POST /v1/relay` would
+answer; independent checks of the same stage are all listed.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from gasless.signer import SignerError
 async def validate_submission(self: RelayService, raw: bytes) -> ValidateResponse:
     """Every problem relay would return, without signing, storing or sending anything."""
     body = parse_json_body(raw)
+    if not isinstance(body, dict):
+        raise ApiError("MALFORMED_REQUEST", detail="body must be a JSON object", details={"field": "body"})
+    if not isinstance(body.get("tx"), dict):
+        raise ApiError(
+            "MALFORMED_REQUEST", detail="`tx` must be a transaction object", details={"field": "tx"}
+        )
     try:
         parsed = parse_relay_body(body, None)
     except ApiError as error:

@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request
+from fastapi import Path, Request
 
 from gasless.auth.deps import ApiKeyHeader, AuthorizationHeader, read_access_to
 from gasless.errors import ApiError
+from gasless.http.formats import TxHash
+from gasless.http.json_body import api_router
 from gasless.limits.route_classes import limit_private_read
 from gasless.settlement.proofs import UsageProof
 
-router = APIRouter(tags=["usage"])
-_HASH = re.compile(r"^[0-9a-fA-F]{64}$")
+router = api_router(tags=["usage"])
 
 
 def _proofs(request: Request) -> Any:
@@ -31,14 +31,10 @@ def _proofs(request: Request) -> Any:
 )
 async def get_usage_proof(
     request: Request,
-    tx_hash: Annotated[str, Path(alias="txHash", max_length=64)],
+    tx_hash: Annotated[TxHash, Path(alias="txHash", description="64-hex transaction hash")],
     authorization: AuthorizationHeader,
     api_key: ApiKeyHeader,
 ) -> UsageProof:
-    if not _HASH.fullmatch(tx_hash):
-        raise ApiError(
-            "MALFORMED_REQUEST", detail="txHash must be 64 hex characters", details={"field": "txHash"}
-        )
     tx_hash = tx_hash.lower()
     if authorization is None and api_key is None:
         # Credentials first: an anonymous caller learns nothing about which rows exist.

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import Depends, Header, Query, Request, Response
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from gasless.auth.deps import (
@@ -19,8 +19,11 @@ from gasless.auth.deps import (
     hold_origin,
     read_access_to,
     refuse_url_credentials,
+    verify_read_credential,
 )
 from gasless.errors import ApiError
+from gasless.http.formats import Address, CommaList
+from gasless.http.json_body import api_router
 from gasless.limits.route_classes import Caller, account_rate, account_streams
 from gasless.streams.schemas import (
     RESET,
@@ -33,7 +36,7 @@ from gasless.streams.schemas import (
 from gasless.streams.service import StreamService
 from gasless.streams.tickets import TicketClaims
 
-router = APIRouter(tags=["streams"])
+router = api_router(tags=["streams"])
 NO_STORE = "no-store"
 
 
@@ -105,19 +108,12 @@ class StreamAccess:
     ends_ms: int | None  # a native-auth stream ends when its token expires
 
 
+TOPIC_LIST = CommaList("topics", TOPICS)
+
+
 def _topics(text: str | None) -> frozenset[str] | None:
-    if text is None:
-        return None
-    names = [name.strip() for name in text.split(",") if name.strip()]
-    unknown = sorted(set(names) - set(TOPICS))
-    if unknown or not names:
-        raise ApiError(
-            "MALFORMED_REQUEST",
-            detail=f"topics is a comma-separated list of {', '.join(TOPICS)}"
-            + (f"; unknown: {', '.join(unknown)}" if unknown else ""),
-            details={"field": "topics"},
-        )
-    return frozenset(names)
+    names = TOPIC_LIST.parse(text)
+    return frozenset(names) if names is not None else None
 
 
 def _account(text: str) -> str:
@@ -154,10 +150,14 @@ async def stream_access(
     authorization: AuthorizationHeader,
     api_key: ApiKeyHeader,
     account: Annotated[
-        str | None, Query(max_length=100, description="the account (required with header credentials)")
+        Address | None, Query(description="the account (required with header credentials)")
     ] = None,
     topics: Annotated[
-        str | None, Query(max_length=200, description="comma-separated StreamTopic values (default all)")
+        str | None,
+        Query(
+            description="comma-separated StreamTopic values (default all)",
+            json_schema_extra=TOPIC_LIST.schema(),
+        ),
     ] = None,
     ticket: Annotated[
         str | None, Query(max_length=1_024, description="a ticket from POST /v1/stream/tickets (single use)")
@@ -167,6 +167,7 @@ async def stream_access(
     named = _account(account) if account is not None else None
     if ticket is None:
         if named is None:
+            await verify_read_credential(request, authorization, api_key)  # credentials first
             raise ApiError(
                 "MALFORMED_REQUEST",
                 detail="account is required (or open the stream with a ticket)",

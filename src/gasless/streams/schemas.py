@@ -7,6 +7,7 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from gasless.chain.addresses import InvalidAddress, parse_address
+from gasless.http.formats import Address
 
 StreamTopic = Literal["intents", "quota", "account", "notices", "incidents", "pricing"]
 TOPICS: tuple[str, ...] = get_args(StreamTopic)
@@ -23,7 +24,7 @@ def canonical_address(value: str) -> str:
 class StreamTicketCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    account: str = Field(max_length=100, description="the account whose events the ticket opens")
+    account: Address = Field(description="the account whose events the ticket opens")
     topics: list[StreamTopic] | None = Field(
         default=None, max_length=len(TOPICS), description="topics to receive (default all)"
     )

@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import Depends, Path, Query, Request, Response
 
 from gasless.auth.deps import AccountAccess, ApiKeyHeader, AuthorizationHeader, read_access_to
-from gasless.chain.addresses import InvalidAddress, parse_address
+from gasless.chain.addresses import is_address
 from gasless.errors import ApiError
+from gasless.http.formats import SHARD, Address, AddressDoc, CommaList, TxHash, comma_list
+from gasless.http.json_body import api_router
 from gasless.http.pages import PageQuery
 from gasless.limits.route_classes import limit_private_read, private_read
 from gasless.usage.repository import UsageFilters, UsageRepository
@@ -17,15 +19,14 @@ from gasless.usage.schemas import (
     BILLING_CLASSES,
     ROW_STATES,
     USAGE_STATUSES,
-    UsageRowDetail,
+    UsageRow,
     UsageRowsPage,
     UsageSummary,
 )
 from gasless.usage.service import UsageService
 
-router = APIRouter(tags=["usage"])
+router = api_router(tags=["usage"])
 NO_STORE = "private, no-store"
-_HASH = re.compile(r"^[0-9a-fA-F]{64}$")
 
 
 def _host(request: Request) -> Any:
@@ -50,47 +51,35 @@ def usage_service(request: Request) -> UsageService:
     return service
 
 
-def _address(value: str, field: str) -> str:
-    try:
-        return parse_address(value.strip()).to_bech32()
-    except InvalidAddress:
+def _address(value: str | None, field: str) -> str | None:
+    """An Address filter whose checksum verifies (its shape is the parameter's pattern)."""
+    if value is not None and not is_address(value):
         raise ApiError(
             "MALFORMED_REQUEST", detail=f"{field} is not a valid erd1 address", details={"field": field}
-        ) from None
-
-
-def _names(value: str | None, field: str, allowed: tuple[str, ...]) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    names = tuple(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
-    unknown = [name for name in names if name not in allowed]
-    if not names or unknown:
-        raise ApiError(
-            "MALFORMED_REQUEST",
-            detail=f"{field} is a comma-separated list of {', '.join(allowed)}"
-            + (f"; unknown: {', '.join(unknown)}" if unknown else ""),
-            details={"field": field},
         )
-    return names
+    return value
+
+
+STATUS_LIST = CommaList("status", USAGE_STATUSES)
+STATE_LIST = CommaList("state", ROW_STATES)
+SHARD_LIST_PATTERN = comma_list(SHARD)  # shard numbers 0 to 4294967295 (the metachain), no leading zeros
+_SHARD_LIST = re.compile(SHARD_LIST_PATTERN.removeprefix("^").removesuffix("$"))
 
 
 def _shards(value: str | None) -> tuple[int, ...] | None:
     if value is None:
         return None
-    try:
-        shards = tuple(sorted({int(part) for part in value.split(",") if part.strip()}))
-    except ValueError:
-        shards = ()
-    if not shards or any(s < 0 or s > 4_294_967_295 for s in shards):
+    if not _SHARD_LIST.fullmatch(value):
         raise ApiError(
             "MALFORMED_REQUEST",
-            detail="shard is a comma-separated list of shard numbers (metachain: 4294967295)",
+            detail="shard is a comma-separated list of shard numbers, no spaces (metachain: 4294967295)",
             details={"field": "shard"},
         )
-    return shards
+    return tuple(sorted({int(part) for part in value.split(",")}))
 
 
-AccountQuery = Annotated[str, Query(max_length=100, description="the account (bech32), required")]
+# Documented as an Address; judged after the credential, as `{erd}` is (auth/deps.py).
+AccountQuery = Annotated[AddressDoc, Query(max_length=100, description="the account (bech32), required")]
 
 
 async def usage_access(
@@ -116,13 +105,26 @@ async def list_usage(
     response: Response,
     access: Annotated[AccountAccess, Depends(usage_access)],
     page: PageQuery,
-    sender: Annotated[str | None, Query(max_length=100)] = None,
-    relayer: Annotated[str | None, Query(max_length=100)] = None,
-    status: Annotated[str | None, Query(max_length=64, description="success,failed,dead")] = None,
-    state: Annotated[
-        str | None, Query(max_length=128, description="IntentState list; only with includeInFlight=true")
+    sender: Annotated[Address | None, Query()] = None,
+    relayer: Annotated[Address | None, Query()] = None,
+    status: Annotated[
+        str | None,
+        Query(description="UsageStatus list, comma-separated", json_schema_extra=STATUS_LIST.schema()),
     ] = None,
-    shard: Annotated[str | None, Query(max_length=64, description="sender shards, comma-separated")] = None,
+    state: Annotated[
+        str | None,
+        Query(
+            description="IntentState list, comma-separated; only with includeInFlight=true",
+            json_schema_extra=STATE_LIST.schema(),
+        ),
+    ] = None,
+    shard: Annotated[
+        str | None,
+        Query(
+            description="sender shards, comma-separated (metachain: 4294967295)",
+            json_schema_extra={"pattern": SHARD_LIST_PATTERN},
+        ),
+    ] = None,
     min_inclusion_ms: Annotated[int | None, Query(alias="minInclusionMs", ge=0, le=2**53 - 1)] = None,
     q: Annotated[
         str | None,
@@ -132,10 +134,13 @@ async def list_usage(
         Literal["plan", "payg", "sponsor", "free"] | None, Query(alias="billingClass")
     ] = None,
     period_id: Annotated[int | None, Query(alias="periodId", ge=0, le=2**53 - 1)] = None,
-    api_key_id: Annotated[str | None, Query(alias="apiKeyId", max_length=16)] = None,
+    api_key_id: Annotated[
+        str | None,
+        Query(alias="apiKeyId", max_length=16, description="a key's keyId (any text; no match, no rows)"),
+    ] = None,
     include_in_flight: Annotated[bool, Query(alias="includeInFlight")] = False,
 ) -> UsageRowsPage:
-    states = _names(state, "state", ROW_STATES)
+    states = STATE_LIST.parse(state)
     if states is not None and not include_in_flight:
         raise ApiError(
             "MALFORMED_REQUEST",
@@ -146,9 +151,9 @@ async def list_usage(
     assert billing_class is None or billing_class in BILLING_CLASSES
     filters = UsageFilters(
         account=access.account,
-        sender=_address(sender, "sender") if sender is not None else None,
-        relayer=_address(relayer, "relayer") if relayer is not None else None,
-        statuses=_names(status, "status", USAGE_STATUSES),
+        sender=_address(sender, "sender"),
+        relayer=_address(relayer, "relayer"),
+        statuses=STATUS_LIST.parse(status),
         states=states,
         shards=_shards(shard),
         min_inclusion_ms=min_inclusion_ms,
@@ -186,20 +191,16 @@ async def get_usage_summary(
 @router.get(
     "/v1/usage/{txHash}",
     operation_id="getUsageRow",
-    response_model=UsageRowDetail,
+    response_model=UsageRow,
     summary="One usage row with its settlement batch and the gateway acknowledgements",
 )
 async def get_usage_row(
     request: Request,
     response: Response,
-    tx_hash: Annotated[str, Path(alias="txHash", max_length=64, description="64-hex transaction hash")],
+    tx_hash: Annotated[TxHash, Path(alias="txHash", description="64-hex transaction hash")],
     authorization: AuthorizationHeader,
     api_key: ApiKeyHeader,
-) -> UsageRowDetail:
-    if not _HASH.match(tx_hash):
-        raise ApiError(
-            "MALFORMED_REQUEST", detail="txHash is 64 hexadecimal characters", details={"field": "txHash"}
-        )
+) -> UsageRow:
     if authorization is None and api_key is None:
         raise ApiError(
             "UNAUTHENTICATED",

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from gasless.http.formats import AddressDoc, IntentIdDoc, TxHashDoc
 from gasless.relay.schemas import IntentLatency, IntentState
 
 UsageStatus = Literal["success", "failed", "dead"]
@@ -15,13 +16,16 @@ BILLING_CLASSES: tuple[str, ...] = ("plan", "payg", "sponsor", "free")
 ROW_STATES: tuple[str, ...] = ("COSIGNED", "BROADCAST", "EXECUTED", "FINALIZED", "DEAD", "REJECTED")
 
 
-class UsageRow(BaseModel):
-    """One terminal intent of the ledger; with `includeInFlight=true` also an in-flight intent (`inFlight`)
-    or a submission refused before the commit point (`state: REJECTED`, `rejectCode`)."""
+class UsageListRow(BaseModel):
+    """A usage row as `GET /v1/usage` lists it (and as UsageRow carries it in `row`): one terminal intent
+    of the ledger; with `includeInFlight=true` also an in-flight intent (`inFlight`) or a submission
+    refused before the commit point (`state: REJECTED`, `rejectCode`)."""
 
-    txHash: str | None = Field(description="64-hex hash; null only for a REJECTED submission without one")
-    id: str = Field(description="`<sender>:<nonce>`")
-    sender: str
+    txHash: TxHashDoc | None = Field(
+        description="64-hex hash; null only for a REJECTED submission without one"
+    )
+    id: IntentIdDoc = Field(description="`<sender>:<nonce>`")
+    sender: AddressDoc
     nonce: int
     receiver: str | None
     function: str | None = Field(description="the called function, null for a plain transfer")
@@ -51,7 +55,7 @@ class UsageRow(BaseModel):
 
 
 class UsageRowsPage(BaseModel):
-    items: list[UsageRow]
+    items: list[UsageListRow]
     nextCursor: str | None = Field(description="pass as `cursor` for the next page; null on the last page")
 
 
@@ -74,10 +78,11 @@ class GatewayAck(BaseModel):
     first: bool
 
 
-class UsageRowDetail(BaseModel):
-    """`GET /v1/usage/{txHash}`: the row, its settlement batch and the gateway acknowledgements."""
+class UsageRow(BaseModel):
+    """`GET /v1/usage/{txHash}` (the spec's UsageRow): the row, its settlement batch and the gateway
+    acknowledgements."""
 
-    row: UsageRow
+    row: UsageListRow
     settlement: SettlementBatch | None
     acknowledgements: list[GatewayAck]
 

@@ -23,8 +23,8 @@ from gasless.usage.schemas import (
     LatencyPercentiles,
     SettlementBatch,
     UsageBucket,
+    UsageListRow,
     UsageRow,
-    UsageRowDetail,
     UsageRowsPage,
     UsageSummary,
     UsageTop,
@@ -36,10 +36,10 @@ BUCKET_MS = {"hour": 3_600_000, "day": 86_400_000}
 TOP_N = 10
 
 
-def ledger_row(row: Any, round_ms: int) -> UsageRow:
+def ledger_row(row: Any, round_ms: int) -> UsageListRow:
     billed = bool(row.billed)
     dead = row.status == "dead"
-    return UsageRow(
+    return UsageListRow(
         txHash=row.tx_hash,
         id=f"{row.sender}:{row.nonce}",
         sender=row.sender,
@@ -78,9 +78,9 @@ def ledger_row(row: Any, round_ms: int) -> UsageRow:
     )
 
 
-def in_flight_row(row: Any, round_ms: int) -> UsageRow:
+def in_flight_row(row: Any, round_ms: int) -> UsageListRow:
     billing = row.billing if isinstance(row.billing, dict) else {}
-    return UsageRow(
+    return UsageListRow(
         txHash=row.tx_hash,
         id=f"{row.sender}:{row.nonce}",
         sender=row.sender,
@@ -117,8 +117,8 @@ def in_flight_row(row: Any, round_ms: int) -> UsageRow:
     )
 
 
-def rejected_row(row: Any, round_ms: int) -> UsageRow:
-    return UsageRow(
+def rejected_row(row: Any, round_ms: int) -> UsageListRow:
+    return UsageListRow(
         txHash=row.tx_hash,
         id=f"{row.sender}:{row.nonce}",
         sender=row.sender,
@@ -255,7 +255,7 @@ class UsageService:
             else:
                 after_terminal = key
         round_ms = self.round_ms()
-        items: list[UsageRow] = []
+        items: list[UsageListRow] = []
         limit = params.limit
         if phase == "f":
             if self._in_flight_applies(filters):
@@ -298,7 +298,7 @@ class UsageService:
             cursor = self.cursors.mint(LISTING, binding, {"ph": "t", "k": list(chosen[-1][0])})
         return UsageRowsPage(items=items, nextCursor=cursor)
 
-    async def row(self, tx_hash: str) -> tuple[str, UsageRowDetail] | None:
+    async def row(self, tx_hash: str) -> tuple[str, UsageRow] | None:
         """The row of `tx_hash` and the account it belongs to (for the caller's access check), or None."""
         round_ms = self.round_ms()
         found = await self.repo.ledger_row(tx_hash)
@@ -319,7 +319,7 @@ class UsageService:
                         submittedAtMs=batch.submitted_at_ms,
                         committedAtMs=batch.committed_at_ms,
                     )
-            detail = UsageRowDetail(
+            detail = UsageRow(
                 row=ledger_row(found, round_ms),
                 settlement=settlement,
                 acknowledgements=_acks(found.first_ack_gateway, found.broadcast_at_ms),
@@ -328,7 +328,7 @@ class UsageService:
         intent = await self.repo.intent_by_hash(tx_hash)
         if intent is None or intent.state not in ("COSIGNED", "BROADCAST"):
             return None
-        detail = UsageRowDetail(
+        detail = UsageRow(
             row=in_flight_row(intent, round_ms),
             settlement=None,
             acknowledgements=_acks(None, intent.broadcast_at_ms),

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Path, Request, Response
+from fastapi import Header, Path, Request, Response
 
 from gasless.auth.deps import AccountRead, AccountWrite, account_read
 from gasless.errors import ApiError
+from gasless.http.formats import VISIBLE_ASCII_KEY_PATTERN
 from gasless.http.idempotency import idempotent
+from gasless.http.json_body import api_router
 from gasless.http.pages import PageQuery
 from gasless.limits.route_classes import Caller, account_rate, private_read
 from gasless.webhooks.schemas import (
@@ -22,7 +24,7 @@ from gasless.webhooks.schemas import (
 )
 from gasless.webhooks.service import to_delivery
 
-router = APIRouter(tags=["webhooks"])
+router = api_router(tags=["webhooks"])
 WebhookIdPath = Annotated[str, Path(max_length=64, description="the webhook's id (`wh_...`)")]
 NO_STORE = "no-store"
 # Documented here; read and judged by gasless.http.idempotency (16..128 visible ASCII, else 400).
@@ -32,6 +34,7 @@ IdempotencyKeyHeader = Annotated[
         alias="Idempotency-Key",
         description="16 to 128 visible ASCII characters; a retry with the same key and body replays the "
         "first answer (`Idempotent-Replayed: true`) for 86 400 000 ms",
+        json_schema_extra={"pattern": VISIBLE_ASCII_KEY_PATTERN},
     ),
 ]
 BASE = "/v1/account/{erd}/webhooks"
