@@ -85,6 +85,9 @@ def refusal(client: TestClient) -> dict[str, Any]:
     return wait_until(refused, "the host to refuse the chain")  # type: ignore[no-any-return]
 
 
+SOMEONE = "erd1qyu5wthldzr8wx5c9ucg8kjagg0jfs53s8nr3zpz3hypefsdd8ssycr6th"  # a well-formed address
+
+
 def assert_refuses_to_serve(client: TestClient) -> dict[str, Any]:
     """Readiness 503 with the reason, the relay routes 503 UPSTREAM_UNAVAILABLE, no worker running."""
     body = refusal(client)
@@ -94,8 +97,8 @@ def assert_refuses_to_serve(client: TestClient) -> dict[str, Any]:
     reason = body["checks"]["restore"].removeprefix("chain mismatch: ")
     for response in (
         client.post("/v1/relay", json={"nonce": 0}),
-        client.post("/v1/relay/assign", json={"sender": "erd1x"}),
-        client.get("/v1/relay/erd1qyu5wthldzr8wx5c9ucg8kjagg0jfs53s8nr3zpz3hypefsdd8ssycr6th:0"),
+        client.post("/v1/relay/assign", json={"sender": SOMEONE}),
+        client.get(f"/v1/relay/{SOMEONE}:0"),
     ):
         assert response.status_code == 503, response.text
         problem = response.json()
