@@ -55,6 +55,8 @@ from gasless.metrics import HostCollector, MeteredIntentBus, MetricsMiddleware
 from gasless.mirror.follower import MIRROR_ROLE, MirrorFollower
 from gasless.mirror.repository import MirrorRepository
 from gasless.mirror.views import ContractMirror
+from gasless.pricing import routes as pricing_routes
+from gasless.pricing.service import PricingService
 from gasless.relay import routes as relay_routes
 from gasless.relay.assign import AssignService
 from gasless.relay.checks import MAX_BODY_BYTES
@@ -234,6 +236,13 @@ async def _start_relay_core(
     state.retention, state.singletons = retention, singletons
     state.relay_service, state.assign_service = relay, assign
     state.quote_service = QuoteService(network, mirror)
+    state.pricing = PricingService(
+        mirror,
+        state.mirror_repo,
+        state.cursors,
+        chain_id=settings.network.chain_id,
+        payment_token=settings.network.payment_token,
+    )
     state.mirror, state.native_auth = mirror, native_auth
     state.account_roles = AccountRoles(mirror)
     assert state.mirror_repo is not None
@@ -478,6 +487,7 @@ def create_app(
     app.include_router(usage_routes.router)
     app.include_router(settlement_routes.router)
     app.include_router(incident_routes.router)
+    app.include_router(pricing_routes.router)
     app.include_router(auth_routes.admin_router)
     install_openapi(
         app,

@@ -35,6 +35,7 @@ from gasless.metrics import HostMetrics
 from gasless.mirror.follower import MirrorFollower
 from gasless.mirror.repository import MirrorRepository
 from gasless.mirror.views import ContractMirror
+from gasless.pricing.service import PricingService
 from gasless.relay.assign import AssignService
 from gasless.relay.events import IntentBus
 from gasless.relay.jobs import Broadcaster, Retention, Tracker
@@ -96,6 +97,7 @@ class HostState:
     relay_service: RelayService | None = None
     assign_service: AssignService | None = None
     quote_service: QuoteService | None = None
+    pricing: PricingService | None = None
     mirror: ContractMirror | None = None
     native_auth: NativeAuthVerifier | None = None
     sender_listing: SenderListing | None = None

@@ -45,9 +45,12 @@ CACHED_READS = (
     "listAccountPurchases",
     "listIncidents",
     "getIncident",
+    "getPricing",
+    "getTariffHistory",
 )
 # Names the spec's endpoint tables give to request and response shapes of the implemented operations.
 SPEC_SCHEMAS = {
+    "PricingDocument",
     "Intent",
     "Assignment",
     "AssignRequest",

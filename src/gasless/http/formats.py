@@ -112,6 +112,8 @@ SHARD = decimal_range(UINT32_MAX)  # a shard number; the metachain is 4294967295
 # `value` on the wire: no leading zeros, at most 78 digits; empty (as absent) is 0.
 AMOUNT_PATTERN = f"^(?:0|[1-9][0-9]{{0,{AMOUNT_DIGITS - 1}}})?$"
 SIGNATURE_PATTERN = "^[0-9a-fA-F]{128}$"
+# Money, RU, gas and atto in pricing documents and quotes: a non-negative integer in decimal, no leading zeros.
+DECIMAL_PATTERN = f"^(?:0|[1-9][0-9]{{0,{AMOUNT_DIGITS - 1}}})$"
 BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 VISIBLE_ASCII_KEY_PATTERN = "^[!-~]{16,128}$"  # idempotency keys: 16 to 128 visible ASCII characters
 

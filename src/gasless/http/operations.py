@@ -404,3 +404,23 @@ OPERATIONS.update(
         "getIncident": OperationContract(_INTENT_READ, cached=True),
     }
 )
+
+
+# Pricing (spec: Pricing): public cached reads built from the contract's views.
+OPERATIONS.update(
+    {
+        "getPricing": OperationContract(
+            {400: ("MALFORMED_REQUEST",), 429: ("RATE_LIMITED",), 500: ("INTERNAL",), 503: _STARTING},
+            cached=True,
+        ),
+        "getTariffHistory": OperationContract(
+            {
+                400: ("MALFORMED_REQUEST", "CURSOR_INVALID"),
+                429: ("RATE_LIMITED",),
+                500: ("INTERNAL",),
+                503: _STARTING,
+            },
+            cached=True,
+        ),
+    }
+)

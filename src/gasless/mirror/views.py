@@ -134,6 +134,10 @@ class ContractMirror:
         parts = await self.gateway.vm_query(self.contract, function, args or [])
         return decode_outputs(self.abi, function, parts)
 
+    async def fresh(self, function: str, args: list[bytes] | None = None) -> list[Any]:
+        """A view read now, past the caches (for documents that promise their own freshness)."""
+        return await self._view(function, args)
+
     async def config(self) -> Any:
         return await self._cache.get(("config",), lambda: self._view("getConfig"))
 
