@@ -57,6 +57,10 @@ from gasless.mirror.repository import MirrorRepository
 from gasless.mirror.views import ContractMirror
 from gasless.pricing import routes as pricing_routes
 from gasless.pricing.service import PricingService
+from gasless.purchases import routes as purchase_routes
+from gasless.purchases.builder import CallBuilder
+from gasless.purchases.quotes import QuoteSigner
+from gasless.purchases.service import PurchaseService
 from gasless.relay import routes as relay_routes
 from gasless.relay.assign import AssignService
 from gasless.relay.checks import MAX_BODY_BYTES
@@ -148,7 +152,7 @@ async def _start_relay_core(
     # The tracker follows this host's intents (and adopted ones while it leads recovery).
     tracked = HostIntents(state.engine, settings.host_id)
     tracker = Tracker(gateway, network, tracked, bus, broadcaster)
-    mirror = ContractMirror(gateway, settings.network.contract_address)
+    mirror = ContractMirror(gateway, settings.network.contract_address, pair=settings.network.pair_address)
     billing_entitlement = BillingEntitlement(
         mirror,
         chain_id=settings.network.chain_id,
@@ -243,6 +247,20 @@ async def _start_relay_core(
         chain_id=settings.network.chain_id,
         payment_token=settings.network.payment_token,
     )
+    if settings.network.contract_address is not None:
+        state.purchases = PurchaseService(
+            mirror,
+            CallBuilder(
+                chain_id=settings.network.chain_id,
+                contract=settings.network.contract_address,
+                payment_token=settings.network.payment_token,
+                gateway=gateway,
+                network=network,
+                assign=assign,
+                repo=repo,
+            ),
+            QuoteSigner(state.keys),
+        )
     state.mirror, state.native_auth = mirror, native_auth
     state.account_roles = AccountRoles(mirror)
     assert state.mirror_repo is not None
@@ -488,6 +506,7 @@ def create_app(
     app.include_router(settlement_routes.router)
     app.include_router(incident_routes.router)
     app.include_router(pricing_routes.router)
+    app.include_router(purchase_routes.router)
     app.include_router(auth_routes.admin_router)
     install_openapi(
         app,

@@ -36,6 +36,7 @@ from gasless.mirror.follower import MirrorFollower
 from gasless.mirror.repository import MirrorRepository
 from gasless.mirror.views import ContractMirror
 from gasless.pricing.service import PricingService
+from gasless.purchases.service import PurchaseService
 from gasless.relay.assign import AssignService
 from gasless.relay.events import IntentBus
 from gasless.relay.jobs import Broadcaster, Retention, Tracker
@@ -98,6 +99,7 @@ class HostState:
     assign_service: AssignService | None = None
     quote_service: QuoteService | None = None
     pricing: PricingService | None = None
+    purchases: PurchaseService | None = None
     mirror: ContractMirror | None = None
     native_auth: NativeAuthVerifier | None = None
     sender_listing: SenderListing | None = None

@@ -298,8 +298,18 @@ class BillingEntitlement:
         )
 
     async def _require_open(self, function: str, sender: str) -> None:
+        """A free call to the contract is answered before any co-signature when it cannot work: the contract
+        paused for it (CONTRACT_PAUSED), or a deposit while the exchange venue is paused (SWAP_VENUE_PAUSED:
+        a deposit swaps its gas share there)."""
         pause = (await self.mirror.pause_state())[0]
         if not (pause.paused or (pause.deposits_paused and function in DEPOSIT_FUNCTIONS)):
+            if function in DEPOSIT_FUNCTIONS and not await self.mirror.venue_open():
+                raise ApiError(
+                    "SWAP_VENUE_PAUSED",
+                    detail="the exchange venue is paused: deposits and purchases wait; nothing was charged or "
+                    "sent (relaying on an existing plan is unaffected)",
+                    details={"retryAfterMs": 30_000},
+                )
             return
         if sender == await self.mirror.owner():
             return

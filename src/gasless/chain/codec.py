@@ -15,13 +15,18 @@ from typing import Any
 from multiversx_sdk import Address, Transaction, TransactionComputer, UserPublicKey
 
 from gasless.chain.addresses import InvalidAddress, parse_address
-from gasless.http.formats import AMOUNT_DIGITS, BASE64_PATTERN, INT64_MAX, SAFE_INT_MAX, UINT32_MAX
 
 _computer = TransactionComputer()
 _HEX = re.compile("[0-9a-fA-F]*")
+
+INT64_MAX = 2**63 - 1
+SAFE_INT_MAX = 2**53 - 1
+UINT32_MAX = 2**32 - 1
+AMOUNT_DIGITS = 78  # uint256 in decimal
+BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 _BASE64 = re.compile(BASE64_PATTERN.removeprefix("^").removesuffix("$"))
 
-# The ranges of the wire members (gasless.http.formats; docs/api-conventions.md "Input formats"): a nonce is an
+# The ranges of the wire members (documented by gasless.http.formats; docs/api-conventions.md "Input formats"): a nonce is an
 # int64, gas limit and gas price stay below 2^53, version and options are uint32, `value` has at most 78
 # digits. The network's own types are wider (uint64, big integers); nothing in range is lost, and nothing out
 # of range reaches the SDK's encoders (which overflow) or the database (int64 columns).

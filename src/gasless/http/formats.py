@@ -22,14 +22,13 @@ import re
 from collections.abc import Iterable
 from typing import Annotated, Any
 
-from pydantic import Field, StringConstraints, WithJsonSchema
+from pydantic import AfterValidator, Field, StringConstraints, WithJsonSchema
 
+from gasless.chain.addresses import InvalidAddress, parse_address
+
+# The wire ranges are the codec's (it judges them); re-exported for the routes' schemas.
+from gasless.chain.codec import AMOUNT_DIGITS, BASE64_PATTERN, INT64_MAX, SAFE_INT_MAX, UINT32_MAX  # noqa: F401
 from gasless.errors import ApiError
-
-INT64_MAX = 2**63 - 1
-SAFE_INT_MAX = 2**53 - 1
-UINT32_MAX = 2**32 - 1
-AMOUNT_DIGITS = 78
 
 BECH32_CHARS = "qpzry9x8gf2tvdw0s3jn54khce6mua7l"
 HRP = "erd"
@@ -114,7 +113,6 @@ AMOUNT_PATTERN = f"^(?:0|[1-9][0-9]{{0,{AMOUNT_DIGITS - 1}}})?$"
 SIGNATURE_PATTERN = "^[0-9a-fA-F]{128}$"
 # Money, RU, gas and atto in pricing documents and quotes: a non-negative integer in decimal, no leading zeros.
 DECIMAL_PATTERN = f"^(?:0|[1-9][0-9]{{0,{AMOUNT_DIGITS - 1}}})$"
-BASE64_PATTERN = "^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
 VISIBLE_ASCII_KEY_PATTERN = "^[!-~]{16,128}$"  # idempotency keys: 16 to 128 visible ASCII characters
 
 # OpenAPI components (added by openapi.build_document) --------------------------------------------------------
@@ -212,6 +210,17 @@ IntentIdOrTxHash = Annotated[
     WithJsonSchema({"anyOf": [component_ref("IntentId"), component_ref("TxHash")]}),
 ]
 AddressDoc = Annotated[str, WithJsonSchema(component_ref("Address"))]
+
+
+def _checked_address(value: str) -> str:
+    try:
+        return parse_address(value).to_bech32()
+    except InvalidAddress:
+        raise ValueError("not a bech32 erd1 address (its checksum does not verify)") from None
+
+
+# A request member: the documented shape, then its bech32 checksum (MALFORMED_REQUEST naming the member).
+CheckedAddress = Annotated[Address, AfterValidator(_checked_address)]
 TxHashDoc = Annotated[str, WithJsonSchema(component_ref("TxHash"))]
 IntentIdDoc = Annotated[str, WithJsonSchema(component_ref("IntentId"))]
 

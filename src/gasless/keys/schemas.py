@@ -6,19 +6,11 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from gasless.chain.addresses import InvalidAddress, parse_address
-from gasless.http.formats import Address as WireAddress
+from gasless.http.formats import CheckedAddress
 
 MAX_RECEIVERS = 100
 ApiKeyScope = Literal["relay", "read"]
 ALL_SCOPES: tuple[ApiKeyScope, ...] = ("relay", "read")
-
-
-def _address(value: str) -> str:
-    try:
-        return parse_address(value).to_bech32()
-    except InvalidAddress:
-        raise ValueError("not a bech32 erd1 address") from None
 
 
 def _label(value: str) -> str:
@@ -30,7 +22,7 @@ def _label(value: str) -> str:
     return value
 
 
-Address = Annotated[WireAddress, AfterValidator(_address)]  # the documented shape, then its checksum
+Address = CheckedAddress
 Label = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_label)]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import structlog
 
-from gasless.chain.abi import decode_outputs, load_billing_abi
+from gasless.chain.abi import decode_outputs, load_billing_abi, load_pair_abi
 from gasless.chain.addresses import address_of, parse_address
 from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
 
@@ -123,10 +123,14 @@ class _Cached:
 class ContractMirror:
     """Cached reads of the billing contract's views (a convenience; purchases read the views directly)."""
 
-    def __init__(self, gateway: GatewayClient, contract: str | None, *, ttl_ms: int = 3_000) -> None:
+    def __init__(
+        self, gateway: GatewayClient, contract: str | None, *, pair: str | None = None, ttl_ms: int = 3_000
+    ) -> None:
         self.gateway = gateway
         self.contract = contract
+        self.pair = pair  # the exchange venue deposits swap through (its pause blocks purchases)
         self.abi = load_billing_abi()
+        self._pair_abi = load_pair_abi()
         self._cache = _Cached(ttl_ms)
 
     async def _view(self, function: str, args: list[bytes] | None = None) -> list[Any]:
@@ -143,6 +147,19 @@ class ContractMirror:
 
     async def pause_state(self) -> Any:
         return await self._cache.get(("pause",), lambda: self._view("getPauseState"), ttl_ms=1_000)
+
+    async def venue_open(self) -> bool:
+        """Whether the exchange venue trades (`getState` is `Active`); no venue configured: open."""
+        if self.pair is None:
+            return True
+
+        async def load() -> bool:
+            assert self.pair is not None
+            parts = await self.gateway.vm_query(self.pair, "getState", [])
+            (state,) = decode_outputs(self._pair_abi, "getState", parts)
+            return str(getattr(state, "__name__", state)) == "Active"
+
+        return bool(await self._cache.get(("venue",), load, ttl_ms=1_000))
 
     async def rate_classes(self) -> dict[int, Any]:
         views = await self._cache.get(("rateClasses",), lambda: self._view("getRateClasses"), ttl_ms=10_000)

@@ -83,16 +83,7 @@ class AssignService:
         decision = await self.limits.check("assign_sender", sender, "sender")
         if report is not None:
             report(decision)
-        if not self.clock_synchronised():
-            raise ApiError(
-                "UPSTREAM_UNAVAILABLE",
-                detail="this host's clock is not synchronised with the chain; no leases are minted",
-                details={"retryAfterMs": 5_000},
-            )
-        try:
-            self.signer.check()
-        except SignerError as exc:
-            raise ApiError(exc.code, detail=str(exc), details={"retryAfterMs": 5_000}) from None
+        self._ready_to_mint()
         pubkey = sender_address.get_public_key()
         shard = shard_of_pubkey(pubkey)
         kind: LeaseKind = (
@@ -104,6 +95,27 @@ class AssignService:
             return await self._cancel(sender, pubkey, shard, request.cancel, now)
         relayer = self._choose(pubkey, shard)
         return self._assignment(sender, relayer, kind, now)
+
+    def issue(self, sender: str, kind: LeaseKind, *, pin_nonce: int | None = None) -> Assignment:
+        """An assignment for a transaction this service built (the purchase builders): no presence proof,
+        since the lease authorises nothing by itself; the user still signs the transaction."""
+        now = self.now_ms()
+        self._ready_to_mint()
+        pubkey = parse_address(sender).get_public_key()
+        relayer = self._choose(pubkey, shard_of_pubkey(pubkey))
+        return self._assignment(sender, relayer, kind, now, pin_nonce=pin_nonce)
+
+    def _ready_to_mint(self) -> None:
+        if not self.clock_synchronised():
+            raise ApiError(
+                "UPSTREAM_UNAVAILABLE",
+                detail="this host's clock is not synchronised with the chain; no leases are minted",
+                details={"retryAfterMs": 5_000},
+            )
+        try:
+            self.signer.check()
+        except SignerError as exc:
+            raise ApiError(exc.code, detail=str(exc), details={"retryAfterMs": 5_000}) from None
 
     # Presence -----------------------------------------------------------------------------------------
     def _prove_presence(self, request: AssignRequest, sender: str, bearer: str | None, now: int) -> None:

@@ -1,0 +1,179 @@
+"""Unsigned contract calls for the purchase builders: the sender's next nonces, the relayer and its lease,
+the call's data through the contract's ABI, and a gas limit measured by the gateway's cost estimate.
+
+Nothing is stored and nothing is signed here: the user signs the transactions and relays them like any other.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from multiversx_sdk import Address, Transaction
+
+from gasless.chain.abi import load_billing_abi
+from gasless.chain.addresses import parse_address
+from gasless.chain.calls import contract_call
+from gasless.chain.codec import tx_to_wire
+from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
+from gasless.chain.network import NetworkView
+from gasless.errors import ApiError
+from gasless.purchases.schemas import ContractCall, PreparedTransaction, UnsignedTransaction
+from gasless.relay.assign import AssignService
+from gasless.relay.leases import LeaseKind
+from gasless.relay.repository import IntentRepository
+from gasless.relay.schemas import Assignment
+
+# Gas above the gateway's estimate of the processing: room for state that changes before execution, well
+# inside what relay accepts (GAS_OVERPROVISIONED past 1.9 times the simulated processing).
+PROCESSING_MARGIN = 1.25
+OPTION_GUARDED = 2
+
+
+@dataclass(frozen=True)
+class Call:
+    """One contract call to build: the function, its ABI arguments, and a USDC payment when one goes with it."""
+
+    function: str
+    arguments: list[Any]
+    shown_args: list[Any]  # the arguments as the response shows them (JSON-plain)
+    payment_amount: int = 0
+
+
+def unsigned_transaction(tx: Transaction) -> UnsignedTransaction:
+    wire = tx_to_wire(tx)
+    wire.pop("signature", None)
+    return UnsignedTransaction(**wire)
+
+
+class CallBuilder:
+    def __init__(
+        self,
+        *,
+        chain_id: str,
+        contract: str,
+        payment_token: str,
+        gateway: GatewayClient,
+        network: NetworkView,
+        assign: AssignService,
+        repo: IntentRepository,
+    ) -> None:
+        self.chain_id = chain_id
+        self.contract = contract
+        self.payment_token = payment_token
+        self.gateway = gateway
+        self.network = network
+        self.assign = assign
+        self.repo = repo
+        self.abi = load_billing_abi()
+
+    async def next_nonce(self, sender: str) -> int:
+        """The sender's next free nonce: past its account nonce, the pool and our own in-flight intents."""
+        try:
+            account, pool = await asyncio.gather(
+                self.gateway.account(sender), self.gateway.pool_for_sender(sender, fields="nonce")
+            )
+        except (GatewayUnavailable, GatewayRejected) as exc:
+            raise ApiError("UPSTREAM_UNAVAILABLE", detail="no gateway answered; nothing was built") from exc
+        nonce = int(account.get("nonce", 0))
+        pooled = [int(entry["nonce"]) for entry in pool if "nonce" in entry]
+        view = await self.repo.sender_view(sender, nonce, None, self.assign.now_ms())
+        ours = view.highest_in_flight_nonce
+        return max([nonce, *(n + 1 for n in pooled), *([ours + 1] if ours is not None else [])])
+
+    async def guardian_of(self, sender: str) -> str | None:
+        try:
+            data = await self.gateway.guardian_data(sender)
+        except (GatewayUnavailable, GatewayRejected) as exc:
+            raise ApiError("UPSTREAM_UNAVAILABLE", detail="no gateway answered; nothing was built") from exc
+        if not data or not data.get("guarded"):
+            return None
+        return (data.get("activeGuardian") or {}).get("address") or None
+
+    def assignment(self, sender: str, kind: LeaseKind, nonce: int) -> Assignment:
+        return self.assign.issue(sender, kind, pin_nonce=nonce)
+
+    async def build(
+        self,
+        sender: str,
+        calls: list[Call],
+        *,
+        kinds: list[tuple[bool, int | None]],
+        fees: list[int] | None = None,
+    ) -> tuple[list[PreparedTransaction], Assignment]:
+        """One transaction per call at consecutive nonces from the sender's next, one relayer and lease (free
+        when the first call is free); `kinds` holds (free, ru) for each call."""
+        nonce, guardian = await asyncio.gather(self.next_nonce(sender), self.guardian_of(sender))
+        free_lease = kinds[0][0]
+        assignment = self.assignment(sender, "free" if free_lease else "std", nonce)
+        relayer = parse_address(assignment.relayer)
+        prepared = []
+        for index, call in enumerate(calls):
+            tx = await self._transaction(sender, call, nonce + index, relayer, guardian)
+            free, ru = kinds[index]
+            prepared.append(
+                PreparedTransaction(
+                    transaction=unsigned_transaction(tx),
+                    assignment=assignment,
+                    contractCall=self.contract_call(call),
+                    free=free,
+                    ru=None if free else ru,
+                    feeMicroUsdc=(fees or [0] * len(calls))[index],
+                )
+            )
+        return prepared, assignment
+
+    def contract_call(self, call: Call) -> ContractCall:
+        return ContractCall(
+            contract=self.contract,
+            function=call.function,
+            args=call.shown_args,
+            paymentToken=self.payment_token if call.payment_amount else None,
+            paymentAmount=str(call.payment_amount) if call.payment_amount else None,
+        )
+
+    async def _transaction(
+        self, sender: str, call: Call, nonce: int, relayer: Address, guardian: str | None
+    ) -> Transaction:
+        params = self.network.params
+        tx = contract_call(
+            abi=self.abi,
+            chain_id=self.chain_id,
+            sender=parse_address(sender),
+            contract=parse_address(self.contract),
+            function=call.function,
+            arguments=call.arguments,
+            gas_limit=params.max_gas_per_tx,  # measured below
+            nonce=nonce,
+            relayer=relayer,
+            payment_token=self.payment_token if call.payment_amount else None,
+            payment_amount=call.payment_amount,
+        )
+        tx.gas_price = params.min_gas_price
+        if guardian is not None:
+            tx.options = OPTION_GUARDED
+            tx.guardian = parse_address(guardian)
+        tx.gas_limit = await self._gas_limit(tx)
+        return tx
+
+    async def _gas_limit(self, tx: Transaction) -> int:
+        """Movement gas plus the gateway's estimate of the processing, with a margin."""
+        rules = self.network.params.gas_rules()
+        movement = rules.movement_gas_of(tx)
+        wire = tx_to_wire(tx)
+        try:
+            estimate = await self.gateway.cost(wire)
+        except (GatewayUnavailable, GatewayRejected) as exc:
+            raise ApiError(
+                "UPSTREAM_UNAVAILABLE", detail="the gas estimate failed; nothing was built"
+            ) from exc
+        units = int(estimate.get("txGasUnits") or 0)
+        if units <= 0:
+            message = estimate.get("returnMessage") or "no estimate"
+            raise ApiError(
+                "UPSTREAM_UNAVAILABLE", detail=f"the gateway could not estimate the call's gas: {message}"
+            )
+        processing = max(0, units - movement)
+        return movement + math.ceil(processing * PROCESSING_MARGIN)
