@@ -260,6 +260,7 @@ async def _start_relay_core(
                 repo=repo,
             ),
             QuoteSigner(state.keys),
+            base_url=settings.network.api_base_url,
         )
     state.mirror, state.native_auth = mirror, native_auth
     state.account_roles = AccountRoles(mirror)

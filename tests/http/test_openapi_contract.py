@@ -229,6 +229,8 @@ def test_no_fastapi_validation_error_is_documented(document: dict[str, Any]) -> 
                 "createWebhook",  # WEBHOOK_URL_NOT_ALLOWED, IDEMPOTENCY_KEY_REUSED
                 "updateWebhook",  # WEBHOOK_URL_NOT_ALLOWED
                 "testWebhook",  # IDEMPOTENCY_KEY_REUSED
+                "prepareSubscribe",  # TIER_NOT_PURCHASABLE, DEPOSIT_BELOW_MIN, DEPOSIT_ABOVE_MAX
+                "prepareDeposit",  # DEPOSIT_BELOW_MIN, DEPOSIT_ABOVE_MAX
             ), path
 
 

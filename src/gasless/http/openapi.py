@@ -154,7 +154,7 @@ def _problem_response(status: int, codes: Iterable[str]) -> dict[str, Any]:
         headers.update({name: _header_ref(ref) for name, ref in _RATE_LIMIT_HEADERS.items()})
     elif status == 503:
         headers["Retry-After"] = _header_ref("RetryAfter")
-    if "NO_ENTITLEMENT" in codes or "PAYMENT_REQUIRED" in codes:
+    if {"NO_ENTITLEMENT", "PAYMENT_REQUIRED", "INSUFFICIENT_CREDITS"} & set(codes):
         headers["PAYMENT-REQUIRED"] = _header_ref("PaymentRequired")
     return {
         "description": "Problem: " + ", ".join(codes) if codes else "Problem",

@@ -424,3 +424,33 @@ OPERATIONS.update(
         ),
     }
 )
+
+
+# Purchase builders (spec: Purchase builders): public, limited per IP; nothing is built when refused.
+_PREPARE_COMMON: Mapping[int, tuple[str, ...]] = {
+    400: ("MALFORMED_REQUEST",),
+    413: ("PAYLOAD_TOO_LARGE",),
+    429: ("RATE_LIMITED",),
+    500: ("INTERNAL",),
+    503: ("CONTRACT_PAUSED", "SWAP_VENUE_PAUSED", "NO_RELAYER_AVAILABLE", "SIGNER_FENCED", *_STARTING),
+}
+OPERATIONS.update(
+    {
+        "prepareSubscribe": OperationContract(
+            {
+                **_PREPARE_COMMON,
+                402: ("INSUFFICIENT_CREDITS",),
+                409: ("QUEUED_BLOCK_EXISTS", "DOWNGRADE_NOT_IMMEDIATE", "PRICE_ABOVE_MAX"),
+                422: ("TIER_NOT_PURCHASABLE", "DEPOSIT_BELOW_MIN", "DEPOSIT_ABOVE_MAX"),
+                503: (*_PREPARE_COMMON[503], "SWAP_BUDGET_EXHAUSTED"),
+            }
+        ),
+        "prepareDeposit": OperationContract(
+            {
+                **_PREPARE_COMMON,
+                422: ("DEPOSIT_BELOW_MIN", "DEPOSIT_ABOVE_MAX"),
+                503: (*_PREPARE_COMMON[503], "SWAP_BUDGET_EXHAUSTED"),
+            }
+        ),
+    }
+)

@@ -15,6 +15,7 @@ from typing import Any
 
 from multiversx_sdk import Address
 
+from gasless.billing.entitlement import payment_required_header
 from gasless.billing.schedule import ru_for_gas_limit
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
 from gasless.errors import ApiError
@@ -52,11 +53,13 @@ class PurchaseService:
         builder: CallBuilder,
         quotes: QuoteSigner,
         *,
+        base_url: str,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.mirror = mirror
         self.builder = builder
         self.quotes = quotes
+        self.base_url = base_url
         self.clock = clock
 
     def now_ms(self) -> int:
@@ -185,8 +188,17 @@ class PurchaseService:
         if pay_with == "credits" and credits < price:
             raise ApiError(
                 "INSUFFICIENT_CREDITS",
-                detail=f"the account's credits ({credits} micro-USDC) do not cover the price ({price})",
+                detail=f"the account's credits ({credits} micro-USDC) do not cover the price ({price}); top "
+                "up, or pay with USDC",
                 details={"creditsMicroUsdc": credits, "priceMicroUsdc": price},
+                headers={
+                    "PAYMENT-REQUIRED": payment_required_header(
+                        request.payer,
+                        chain_id=self.quotes.keys.chain_id,
+                        base_url=self.base_url,
+                        payment_token=self.builder.payment_token,
+                    )
+                },
             )
         deposit = 0
         config = await self.config()
