@@ -92,6 +92,7 @@ SPEC_ERRORS: dict[str, tuple[int, bool, str | None, tuple[str, ...]]] = {
     "INSUFFICIENT_SENDER_BALANCE": (422, False, "NONE", ()),
     "SIMULATION_FAILED": (422, False, "NONE", ("returnMessage",)),
     "CONTRACT_PAUSED": (503, True, "SAME_BYTES", ("scope",)),
+    "SWAP_VENUE_PAUSED": (503, True, "SAME_BYTES", ()),
     "ASSIGN_PROOF_REQUIRED": (401, False, "NONE", ("serverTimeMs",)),
     "ASSIGN_PROOF_INVALID": (401, False, "NONE", ("serverTimeMs",)),
     "INTENT_ALREADY_SUBMITTED": (409, False, "NONE", ("intent",)),
@@ -111,6 +112,24 @@ SPEC_ERRORS: dict[str, tuple[int, bool, str | None, tuple[str, ...]]] = {
     "NOT_FOUND": (404, False, None, ()),
     "PAYLOAD_TOO_LARGE": (413, False, None, ()),
     "CURSOR_INVALID": (400, False, None, ()),
+    # Purchase group (no Resign member outside the relay group).
+    "PRICE_ABOVE_MAX": (409, False, None, ()),
+    "TIER_NOT_PURCHASABLE": (422, False, None, ()),
+    "QUEUED_BLOCK_EXISTS": (409, False, None, ()),
+    "DOWNGRADE_NOT_IMMEDIATE": (409, False, None, ()),
+    "INSUFFICIENT_CREDITS": (402, False, None, ()),
+    "DEPOSIT_BELOW_MIN": (422, False, None, ()),
+    "DEPOSIT_ABOVE_MAX": (422, False, None, ()),
+    "SWAP_BUDGET_EXHAUSTED": (503, True, None, ("retryAfterMs",)),
+    "PAYG_PRICE_ABOVE_MAX": (409, False, None, ()),
+    "DEPLOY_NOT_ALLOWED": (403, False, None, ()),
+    "UNSUPPORTED_TX_FIELD": (422, False, None, ()),
+    "QUOTE_EXPIRED": (409, False, None, ()),
+    "RENEW_NOT_APPLICABLE": (409, False, None, ("predictedOutcome",)),
+    # x402 group.
+    "PAYMENT_REQUIRED": (402, False, None, ()),
+    "PAYMENT_INVALID": (402, False, None, ()),
+    "PAYMENT_FAILED": (402, False, None, ()),
 }
 DOCS_ERRORS_URL = "https://docs.gasless.example/errors/"
 

@@ -256,6 +256,10 @@ class GatewayClient:
     async def account(self, bech32: str) -> dict[str, Any]:
         return (await self.get(f"/address/{bech32}"))["account"]
 
+    async def esdt_balance(self, bech32: str, token: str) -> int:
+        data = await self.get(f"/address/{bech32}/esdt/{token}")
+        return int(((data or {}).get("tokenData") or {}).get("balance") or 0)
+
     async def guardian_data(self, bech32: str) -> dict[str, Any]:
         return (await self.get(f"/address/{bech32}/guardian-data"))["guardianData"]
 

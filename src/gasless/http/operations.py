@@ -441,14 +441,19 @@ OPERATIONS.update(
                 **_PREPARE_COMMON,
                 402: ("INSUFFICIENT_CREDITS",),
                 409: ("QUEUED_BLOCK_EXISTS", "DOWNGRADE_NOT_IMMEDIATE", "PRICE_ABOVE_MAX"),
-                422: ("TIER_NOT_PURCHASABLE", "DEPOSIT_BELOW_MIN", "DEPOSIT_ABOVE_MAX"),
+                422: (
+                    "TIER_NOT_PURCHASABLE",
+                    "DEPOSIT_BELOW_MIN",
+                    "DEPOSIT_ABOVE_MAX",
+                    "INSUFFICIENT_SENDER_BALANCE",
+                ),
                 503: (*_PREPARE_COMMON[503], "SWAP_BUDGET_EXHAUSTED"),
             }
         ),
         "prepareDeposit": OperationContract(
             {
                 **_PREPARE_COMMON,
-                422: ("DEPOSIT_BELOW_MIN", "DEPOSIT_ABOVE_MAX"),
+                422: ("DEPOSIT_BELOW_MIN", "DEPOSIT_ABOVE_MAX", "INSUFFICIENT_SENDER_BALANCE"),
                 503: (*_PREPARE_COMMON[503], "SWAP_BUDGET_EXHAUSTED"),
             }
         ),

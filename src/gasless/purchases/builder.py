@@ -92,6 +92,22 @@ class CallBuilder:
             return None
         return (data.get("activeGuardian") or {}).get("address") or None
 
+    async def require_funds(self, sender: str, amount: int) -> None:
+        """The sender holds the payment the calls carry (else the transaction would fail on chain)."""
+        if amount <= 0:
+            return
+        try:
+            held = await self.gateway.esdt_balance(sender, self.payment_token)
+        except (GatewayUnavailable, GatewayRejected) as exc:
+            raise ApiError("UPSTREAM_UNAVAILABLE", detail="no gateway answered; nothing was built") from exc
+        if held < amount:
+            raise ApiError(
+                "INSUFFICIENT_SENDER_BALANCE",
+                detail=f"{sender} holds {held} of {self.payment_token}, the call pays {amount}; fund the "
+                "wallet first",
+                details={"token": self.payment_token, "requiredMicroUsdc": amount, "heldMicroUsdc": held},
+            )
+
     def assignment(self, sender: str, kind: LeaseKind, nonce: int) -> Assignment:
         return self.assign.issue(sender, kind, pin_nonce=nonce)
 
@@ -106,6 +122,7 @@ class CallBuilder:
         """One transaction per call at consecutive nonces from the sender's next, one relayer and lease (free
         when the first call is free); `kinds` holds (free, ru) for each call."""
         nonce, guardian = await asyncio.gather(self.next_nonce(sender), self.guardian_of(sender))
+        await self.require_funds(sender, sum(call.payment_amount for call in calls))
         free_lease = kinds[0][0]
         assignment = self.assignment(sender, "free" if free_lease else "std", nonce)
         relayer = parse_address(assignment.relayer)
