@@ -17,15 +17,6 @@ RECORD_ENV = "GASLESS_PROBLEM_RECORD_FILE"
 
 NOT_YET_ANSWERED = {
     # Pricing, purchase builders and x402 (issue 13).
-    "SWAP_VENUE_PAUSED": "purchases",
-    "PRICE_ABOVE_MAX": "purchases",
-    "TIER_NOT_PURCHASABLE": "purchases",
-    "QUEUED_BLOCK_EXISTS": "purchases",
-    "DOWNGRADE_NOT_IMMEDIATE": "purchases",
-    "INSUFFICIENT_CREDITS": "purchases",
-    "DEPOSIT_BELOW_MIN": "purchases",
-    "DEPOSIT_ABOVE_MAX": "purchases",
-    "SWAP_BUDGET_EXHAUSTED": "purchases",
     "UNSUPPORTED_TX_FIELD": "purchases",
     "QUOTE_EXPIRED": "purchases",
     "RENEW_NOT_APPLICABLE": "purchases",
