@@ -17,7 +17,6 @@ RECORD_ENV = "GASLESS_PROBLEM_RECORD_FILE"
 
 NOT_YET_ANSWERED = {
     # Pricing, purchase builders and x402 (issue 13).
-    "UNSUPPORTED_TX_FIELD": "purchases",
     "QUOTE_EXPIRED": "purchases",
     "RENEW_NOT_APPLICABLE": "purchases",
     "PAYMENT_REQUIRED": "x402",

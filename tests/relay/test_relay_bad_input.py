@@ -223,6 +223,20 @@ def test_unknown_members(env: Any, problem: Any, subtests: Any) -> None:
     assert_untouched(env, bech32(key))
 
 
+def test_fee_relevant_fields_the_schedule_does_not_price(env: Any, problem: Any, subtests: Any) -> None:
+    """UNSUPPORTED_TX_FIELD: well formed, but RU schedule v1 prices the gas limit alone (docs/relay.md)."""
+    key = key_in(1)
+    for name, value in (("maxFeePerGas", "1"), ("tip", 5), ("innerTransactions", [])):
+        with subtests.test(field=name):
+            body = {"tx": {**wire(env, key), name: value}, "lease": "x.y"}
+            for route, sent in (("/v1/relay", body), ("/v1/quote", {"tx": body["tx"]})):
+                refused = problem(post(env, route, sent), "UNSUPPORTED_TX_FIELD")
+                assert refused["details"] == {"field": f"tx.{name}", "ruScheduleVersion": "ru-v1"}
+            listed = post(env, "/v1/validate", body).json()
+            assert listed["ok"] is False and listed["problems"][0]["code"] == "UNSUPPORTED_TX_FIELD"
+    assert_untouched(env, bech32(key))
+
+
 def test_variant_sets(env: Any, problem: Any, subtests: Any) -> None:
     key = key_in(1)
     for member in ("variants", "transactions", "alternates"):

@@ -146,6 +146,7 @@ OPERATIONS: dict[str, OperationContract] = {
             500: ("INTERNAL",),
             503: (
                 "CONTRACT_PAUSED",
+                "SWAP_VENUE_PAUSED",
                 "FREE_FLOW_UNAVAILABLE",
                 "SIGNER_TIMEOUT",
                 "NO_RELAYER_AVAILABLE",

@@ -14,6 +14,7 @@ from typing import Any
 from multiversx_sdk import Transaction
 
 from gasless.billing.policy import MAX_DATA_BYTES_SELF_SERVE
+from gasless.billing.schedule import RU_SCHEDULE_VERSION
 from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubkey
 from gasless.chain.codec import WireError, signing_bytes, tx_from_wire
 from gasless.chain.gas import OPTION_GUARDED, OPTION_HASH_SIGN, is_guarded
@@ -70,7 +71,37 @@ def _valid_key(key: str) -> bool:
     return IDEMPOTENCY_KEY_MIN <= len(key) <= IDEMPOTENCY_KEY_MAX and all(0x21 <= ord(c) <= 0x7E for c in key)
 
 
+# Transaction members that would change what a relay costs but that RU schedule v1 does not price (it prices
+# the gas limit alone): fee and tip fields of other chains' transaction formats, and batched inner
+# transactions. Each is refused as UNSUPPORTED_TX_FIELD (not MALFORMED_REQUEST): the request is well formed,
+# the schedule has no price for it. docs/relay.md lists them.
+UNPRICED_FEE_FIELDS = frozenset(
+    {
+        "fee",
+        "maxFee",
+        "maxFeePerGas",
+        "maxPriorityFeePerGas",
+        "priorityFee",
+        "tip",
+        "gasTip",
+        "gasPriceModifier",
+        "feeToken",
+        "innerTransactions",
+    }
+)
+
+
 def parse_transaction(wire: Any, field_prefix: str = "tx") -> Transaction:
+    if isinstance(wire, dict):
+        unpriced = sorted(UNPRICED_FEE_FIELDS & set(wire))
+        if unpriced:
+            field = f"{field_prefix}.{unpriced[0]}"
+            raise ApiError(
+                "UNSUPPORTED_TX_FIELD",
+                detail=f"{field} is fee-relevant and RU schedule {RU_SCHEDULE_VERSION} does not price it; "
+                "the schedule prices the gas limit only",
+                details={"field": field, "ruScheduleVersion": RU_SCHEDULE_VERSION},
+            )
     try:
         return tx_from_wire(wire, allow_unknown=False)
     except WireError as exc:
