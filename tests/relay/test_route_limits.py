@@ -87,6 +87,27 @@ def test_default_table_is_what_the_routes_apply(make_env: Any) -> None:
     assert assigned.status_code == 200 and headers_of(assigned)[:2] == ("10", "9")
 
 
+# Purchase builders -----------------------------------------------------------------------------------------
+def test_prepare_routes_share_one_bucket_per_ip(make_env: Any, problem: Any) -> None:
+    """ "prepare routes: IP, 2 req/s, burst 10" (here a burst of 2 that never refills)."""
+    env = make_env(app_kwargs={"route_limits": RouteLimitTable(prepare_ip=Rate(SLOW, 2))})
+    payer = env.new_sender(1, plan=False)
+    first = env.client.post(
+        "/v1/deposit/prepare", json={"payer": payer.address, "amountMicroUsdc": 5_000_000}
+    )
+    second = env.client.post("/v1/subscribe/prepare", json={"payer": payer.address, "tierId": 1})
+    # The payer holds no USDC: both are refused (422), and refusals count against the bucket too.
+    assert [first.status_code, second.status_code] == [422, 422], second.text
+    assert [headers_of(a)[:2] for a in (first, second)] == [("2", "1"), ("2", "0")]
+    refused(
+        env.client.post("/v1/deposit/prepare", json={"payer": payer.address, "amountMicroUsdc": 5}),
+        problem,
+        "ip",
+        2,
+    )
+    assert headers_of(env.client.get("/v1/pricing"))[:2] != ("2", "0")  # public reads have their own bucket
+
+
 # Quote and validate ---------------------------------------------------------------------------------------
 def test_quote_and_validate_per_ip_or_per_authenticated_account(make_env: Any, problem: Any) -> None:
     env = make_env(app_kwargs={"route_limits": TIGHT})
