@@ -61,10 +61,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return
     problems = findings(Path(os.environ[RECORD_ENV]))
     if reporter is not None:
-        for line in problems or ["error coverage: every catalogue code was answered through HTTP"]:
-            reporter.write_line(
-                f"error coverage: {line}" if problems else line, red=bool(problems), bold=True
-            )
+        reporter.write("\n")  # the verdict on a line of its own, after the progress line
+        for line in problems or ["every catalogue code was answered through HTTP"]:
+            reporter.write_line(f"error coverage: {line}", red=bool(problems), green=not problems, bold=True)
     if problems:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
