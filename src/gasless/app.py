@@ -51,6 +51,7 @@ from gasless.limits.buckets import Rate, RouteLimiter, RouteLimitTable, local_ro
 from gasless.limits.redis_backend import redis_backends, redis_namespace
 from gasless.limits.route_classes import RateLimitHeadersMiddleware
 from gasless.logs import quiet_sdk_loggers
+from gasless.mcp.mount import mount_mcp
 from gasless.metrics import HostCollector, MeteredIntentBus, MetricsMiddleware
 from gasless.mirror.follower import MIRROR_ROLE, MirrorFollower
 from gasless.mirror.repository import MirrorRepository
@@ -452,7 +453,9 @@ def create_app(
             startup = asyncio.create_task(
                 _start_relay_core(state, settings, signer_wrapper, entitlement_factory), name="startup"
             )
-            yield
+            assert state.mcp is not None
+            async with state.mcp.session_manager.run():  # /mcp: the mounted MCP server's sessions
+                yield
         finally:
             if startup is not None and not startup.done():
                 startup.cancel()
@@ -570,6 +573,11 @@ def create_app(
             {role: "leader" if leads else "standby" for role, leads in leadership.items()},
         )
 
+    # Last: the MCP tools' schemas come from the finished OpenAPI document.
+    recorder = app.state.problem_recorder
+    state.mcp = mount_mcp(
+        app, docs_url=settings.docs_url, on_problems=recorder.record if recorder is not None else None
+    )
     return app
 
 

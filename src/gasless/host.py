@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import aiohttp
 import structlog
+from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -99,6 +100,7 @@ class HostState:
     assign_service: AssignService | None = None
     quote_service: QuoteService | None = None
     pricing: PricingService | None = None
+    mcp: MCPServer | None = None  # /mcp (gasless.mcp.mount)
     purchases: PurchaseService | None = None
     mirror: ContractMirror | None = None
     native_auth: NativeAuthVerifier | None = None

@@ -14,6 +14,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from gasless.cli.admin import register as register_admin
+from gasless.cli.agents import register as register_agents
 from gasless.cli.auth import auth_app
 from gasless.cli.common import EXIT_FAILED, invalid_settings, one_line
 from gasless.cli.output import CliConsole
@@ -29,6 +30,7 @@ console = CliConsole(stderr=True)
 app.add_typer(relay_app, name="relay")
 app.add_typer(auth_app, name="auth")
 register_admin(app)  # gasless admin ..., gasless verify-proof
+register_agents(app)  # gasless mcp
 
 
 def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
