@@ -70,11 +70,15 @@ schemathesis.openapi.format(
 # the network's or the contract's state, with the spec's codes (docs/openapi.md, "schemathesis"):
 #   402 NO_ENTITLEMENT (the generated sender has no plan), 410 RELAYER_RETIRED, and 422 for what the
 #   network decides: the sender signature (a generated one never verifies), the gas price and gas limit
-#   against the network's figures, an unknown relayer, the balance.
+#   against the network's figures, an unknown relayer, the balance. The purchase builders refuse on the
+#   contract's state: 402 INSUFFICIENT_CREDITS and 422 for a tier not for sale, a deposit outside the
+#   contract's bounds, or a payment the generated payer cannot cover.
 BUSINESS_REFUSALS = {
     "relayTransaction": ["402", "410", "422"],
     "quoteRelay": ["422"],
     "assignRelayer": ["410", "422"],
+    "prepareSubscribe": ["402", "422"],
+    "prepareDeposit": ["422"],
 }
 DEFAULT_POSITIVE = ["2xx", "3xx", "401", "403", "404", "409", "429"]
 CONFIG = {
