@@ -410,7 +410,9 @@ def summarize(label: str, elapsed: float, results: list[dict[str, Any]]) -> dict
     }
 
 
-async def run(args: argparse.Namespace, data_dir: Path, *, unbilled: bool = False) -> dict[str, Any]:
+async def run(
+    args: argparse.Namespace, data_dir: Path, *, unbilled: bool = False, rollups: bool = True
+) -> dict[str, Any]:
     """One full run (max, then paced at 50%); `unbilled` serves the API with billing off (bench_unbilled)."""
     gw_port = free_port()
     api_ports = [free_port() for _ in range(args.hosts)]
@@ -460,6 +462,7 @@ async def run(args: argparse.Namespace, data_dir: Path, *, unbilled: bool = Fals
                 "GASLESS_CONTRACT_ADDRESS": info["contract"],
                 "GASLESS_RELAYER_KEY_FILES": json.dumps(relayer_pems),
                 "GASLESS_BENCH_UNBILLED": "true" if unbilled else "false",
+                "GASLESS_LATENCY_ROLLUP_ENABLED": "true" if rollups else "false",
             }
             if database_url:
                 env["GASLESS_DATABASE_URL"] = database_url
@@ -611,6 +614,12 @@ def main() -> int:
     parser.add_argument("--profile-api", default="", help="write a cProfile of the API process to this file")
     parser.add_argument("--profile-localnet", default="", help="write a cProfile of the localnet process")
     parser.add_argument(
+        "--rollups",
+        action="store_true",
+        help="also run with the latency rollups off (GASLESS_LATENCY_ROLLUP_ENABLED=false) and print the p50 "
+        "acceptToCosign difference: the rollups work off the relay's path",
+    )
+    parser.add_argument(
         "--unbilled",
         action="store_true",
         help="also run with billing off (setting bench_unbilled) and print the p50 acceptToCosign difference",
@@ -624,7 +633,22 @@ def main() -> int:
         with tempfile.TemporaryDirectory() as tmp:
             unbilled = asyncio.run(run(args, Path(tmp), unbilled=True))
         compare_billing(billed, unbilled)
+    if args.rollups:
+        with tempfile.TemporaryDirectory() as tmp:
+            without = asyncio.run(run(args, Path(tmp), rollups=False))
+        compare_rollups(billed, without)
     return 0
+
+
+def compare_rollups(with_rollups: dict[str, Any], without: dict[str, Any]) -> None:
+    """What the latency rollups add to acceptToCosign p50 (they run in a singleton, off the relay's path)."""
+    table = Table(title="latency rollups: acceptToCosign p50 ms (same run, same machine)")
+    for col in ("run", "rollups on", "rollups off", "difference"):
+        table.add_column(col)
+    for run_name in ("max", "paced"):
+        on, off = with_rollups[run_name]["accept_p50"], without[run_name]["accept_p50"]
+        table.add_row(run_name, f"{on:.2f}", f"{off:.2f}", f"{on - off:+.2f}")
+    console.print(table)
 
 
 def compare_billing(billed: dict[str, Any], unbilled: dict[str, Any]) -> None:

@@ -25,6 +25,9 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = Path(tempfile.mkdtemp(prefix="gasless-problems-"))
         os.environ[RECORD_ENV] = str(folder / "answered.txt")
     config.stash[_DESELECTED] = 0
+    # `gasless up` spawned by a test starts no status site on the fixed default port (8090): a test that
+    # wants the site passes `--status-port` with a free port.
+    os.environ["GASLESS_STATUS_PORT"] = "0"
 
 
 _DESELECTED = pytest.StashKey[int]()

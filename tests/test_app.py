@@ -68,12 +68,13 @@ def test_postgres_database_is_migrated_at_start(postgres_url: str, localnet, tmp
 
 
 def test_gasless_up_starts_the_embedded_default(tmp_path: Path) -> None:
-    api_port, localnet_port, metrics_port = ports = free_ports(3)
+    api_port, localnet_port, metrics_port, status_port = ports = free_ports(4)
     args = [
         "up",
         "--port", str(api_port),
         "--localnet-port", str(localnet_port),
         "--metrics-port", str(metrics_port),
+        "--status-port", str(status_port),
         "--data-dir", str(tmp_path / "var"),
         "--round-ms", "100",
     ]  # fmt: skip
@@ -86,10 +87,14 @@ def test_gasless_up_starts_the_embedded_default(tmp_path: Path) -> None:
         assert all(Path(r["pem"]).exists() for r in info["relayers"])
         assert len({r["shard"] for r in info["relayers"]}) == 3
         assert answers(f"http://127.0.0.1:{metrics_port}/metrics")
+        # The status site runs as its own process, serving the feeds the API publishes.
+        up.wait_for(
+            lambda: answers(f"http://127.0.0.1:{status_port}/feed/status.json"), "the status feed", timeout=60
+        )
         assert up.stopped_within(signal.SIGINT, 20) == 130, up.output()  # 128 + SIGINT, documented
     output = up.output()
     assert [port for port in ports if listening(port)] == [], output
-    assert f"http://127.0.0.1:{api_port}" in output
+    assert f"http://127.0.0.1:{api_port}" in output and f"http://127.0.0.1:{status_port}" in output
     assert len(info["contract"]) == 62 and info["contract"] in output  # the whole bech32 address
     assert all(r["pem"] in output for r in info["relayers"])  # whole paths, each on one line
     secret = tmp_path / "var" / "master-secret"

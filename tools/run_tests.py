@@ -7,6 +7,7 @@ answer is skipped, and this script says so loudly at the start and at the end of
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -48,6 +49,8 @@ def main() -> int:
         env.pop("GASLESS_TEST_REDIS_URL", None)
         skipped.append("Redis suite SKIPPED: nothing answers on 127.0.0.1:6379")
 
+    if not shutil.which("chromium"):
+        skipped.append("Browser test SKIPPED: no chromium (apt install chromium) for the status site page")
     lint = subprocess.call(
         [sys.executable, "-m", "ruff", "check", "--quiet", "src", "tests", "bench", "tools"], cwd=ROOT
     )

@@ -31,6 +31,10 @@ from gasless.billing.unbilled import UnbilledEntitlement
 from gasless.chain.gateway import GatewayClient
 from gasless.chain.identity import ChainGuard, ChainIdentityRepository, ChainMismatch
 from gasless.chain.network import NetworkView
+from gasless.client.keys import UserKey
+from gasless.compat import routes as compat_routes
+from gasless.compat.rendering import CompatErrorMiddleware
+from gasless.compat.service import CompatService
 from gasless.db import create_engine, ping, upgrade
 from gasless.db.leader import SingletonRunner
 from gasless.host import Health, HostState, gateway_answers, purpose_keys, redis_answers
@@ -43,6 +47,7 @@ from gasless.http.pages import CursorCodec
 from gasless.http.problems import RequestIdMiddleware, install_problem_handlers
 from gasless.incidents import routes as incident_routes
 from gasless.incidents.jobs import build_incidents
+from gasless.incidents.repository import IncidentRepository
 from gasless.keys import routes as key_routes
 from gasless.keys.repository import ApiKeyRepository
 from gasless.keys.service import ApiKeyService
@@ -62,6 +67,9 @@ from gasless.purchases import routes as purchase_routes
 from gasless.purchases.builder import CallBuilder
 from gasless.purchases.quotes import QuoteSigner
 from gasless.purchases.service import PurchaseService
+from gasless.registry import routes as registry_routes
+from gasless.registry.repository import RegistryRepository
+from gasless.registry.service import RegistryService
 from gasless.relay import routes as relay_routes
 from gasless.relay.assign import AssignService
 from gasless.relay.checks import MAX_BODY_BYTES
@@ -81,14 +89,26 @@ from gasless.settlement.repository import SettlementRepository
 from gasless.settlement.service import ProofService
 from gasless.settlement.worker import SETTLEMENT_ROLE, SettlementWorker
 from gasless.signer import FencedSigner, PemSigner, Signer
+from gasless.status import routes as status_routes
+from gasless.status.account import AccountStatusService
+from gasless.status.jobs import FEED_ROLE, FeedPublisher
+from gasless.status.probe import PROBE_ROLE, Prober
+from gasless.status.repository import StatusRepository
+from gasless.status.service import StatusService
 from gasless.streams import routes as stream_routes
 from gasless.streams.service import build_stream_service
 from gasless.usage import routes as usage_routes
+from gasless.usage.latency import LatencyService
+from gasless.usage.rollups import ROLLUP_ROLE, LatencyRollup, RollupRepository
 from gasless.webhooks import routes as webhook_routes
 from gasless.webhooks.delivery import DeliveryRetention, Dispatcher, IntentRecorder
 from gasless.webhooks.repository import WebhookRepository
 from gasless.webhooks.service import WebhookService
 from gasless.webhooks.ssrf import AddressPolicy
+from gasless.x402 import routes as x402_routes
+from gasless.x402.challenges import X402Challenges
+from gasless.x402.repository import PaymentRepository
+from gasless.x402.service import X402Service
 
 log = structlog.get_logger("gasless.app")
 
@@ -135,15 +155,19 @@ async def _start_relay_core(
     )
     await signer.start()
     state.signer = signer
+    mirror = ContractMirror(gateway, settings.network.contract_address, pair=settings.network.pair_address)
     relayers = RelayerPool(
         state.engine,
         gateway,
         signer.relayers(),
         min_balance_atto=settings.relayer_min_balance_atto,
         refresh_ms=settings.relayer_refresh_ms,
+        # The contract's getRelayers is the authority for relayer states (the database row follows it).
+        chain_states=mirror.relayer_states if settings.network.contract_address is not None else None,
     )
     await relayers.start()
     state.relayers = relayers
+    state.registry = RegistryService(RegistryRepository(state.engine), relayers)
     leases = LeaseCodec(state.keys)
     repo = state.repo or IntentRepository(state.engine)
     bus: IntentBus = MeteredIntentBus(state.metrics)
@@ -153,12 +177,21 @@ async def _start_relay_core(
     # The tracker follows this host's intents (and adopted ones while it leads recovery).
     tracked = HostIntents(state.engine, settings.host_id)
     tracker = Tracker(gateway, network, tracked, bus, broadcaster)
-    mirror = ContractMirror(gateway, settings.network.contract_address, pair=settings.network.pair_address)
+    contract = settings.network.contract_address
+    challenges = (
+        None
+        if contract is None
+        else X402Challenges(
+            QuoteSigner(state.keys),
+            chain_id=settings.network.chain_id,
+            contract=contract,
+            payment_token=settings.network.payment_token,
+            base_url=settings.network.api_base_url,
+        )
+    )
     billing_entitlement = BillingEntitlement(
         mirror,
-        chain_id=settings.network.chain_id,
-        base_url=settings.network.api_base_url,
-        payment_token=settings.network.payment_token,
+        challenges=challenges,
         policy=AdmissionPolicy.of(
             deploy=settings.billing_deploy_allowlist, data=settings.billing_data_allowlist
         ),
@@ -236,10 +269,58 @@ async def _start_relay_core(
     if state.webhooks is not None and state.idempotency is not None:
         singletons.add("webhook-retention", DeliveryRetention(state.webhooks.repo, state.idempotency))
     singletons.add(RECOVERY_ROLE, OrphanAdopter(tracked, singletons))
+    rollups = RollupRepository(state.engine)
+    round_ms = lambda: network.params.round_duration_ms  # noqa: E731
+    if settings.latency_rollup_enabled:
+        singletons.add(ROLLUP_ROLE, LatencyRollup(rollups, round_ms, every_ms=settings.latency_rollup_ms))
+    state.latency, state.rollups = LatencyService(state.engine, rollups, round_ms), rollups
+    probe_keys = [UserKey.from_pem(path) for path in settings.probe_key_files]
+    probe_senders = tuple(key.address for key in probe_keys)
+    state.status = StatusService(
+        StatusRepository(state.engine),
+        rollups,
+        IncidentRepository(state.engine),
+        host=state,
+        min_balance_atto=settings.relayer_min_balance_atto,
+        excluded_senders=lambda: probe_senders,
+    )
+    if state.registry is not None:
+        state.registry.excluded_senders = probe_senders
+    if settings.probe_enabled and probe_keys:
+        singletons.add(
+            PROBE_ROLE,
+            Prober(
+                engine=state.engine,
+                relay=relay,
+                assign=assign,
+                gateway=gateway,
+                intents=repo,
+                keys=probe_keys,
+                chain_id=settings.network.chain_id,
+                min_gas_price=lambda: network.params.min_gas_price,
+                interval_ms=settings.probe_interval_ms,
+            ),
+        )
+    state.account_status = AccountStatusService(
+        state.engine, IncidentRepository(state.engine), rollups, state.cursors
+    )
+    if state.incident_service is not None:
+        singletons.add(
+            FEED_ROLE,
+            FeedPublisher(
+                state.status,
+                state.incident_service,
+                settings.effective_status_feed_dir,
+                every_ms=settings.status_feed_ms,
+            ),
+        )
     _add_billing_workers(state, settings, gateway, network, mirror, singletons)
     await singletons.start()
     state.retention, state.singletons = retention, singletons
     state.relay_service, state.assign_service = relay, assign
+    state.compat = CompatService(
+        relay, relayers, leases, state.limits, min_gas_price=lambda: network.params.min_gas_price
+    )
     state.quote_service = QuoteService(network, mirror)
     state.pricing = PricingService(
         mirror,
@@ -261,7 +342,19 @@ async def _start_relay_core(
                 repo=repo,
             ),
             QuoteSigner(state.keys),
-            base_url=settings.network.api_base_url,
+            challenges=challenges,
+            flag_calls=gate.flag_calls if gate is not None else None,
+            flag_limits=(settings.billing_free_flow_per_day, settings.billing_free_flow_per_30_days),
+        )
+        assert challenges is not None and state.mirror_repo is not None
+        state.x402 = X402Service(
+            challenges,
+            state.purchases,
+            PaymentRepository(state.engine),
+            relay=relay,
+            intents=repo,
+            mirror_repo=state.mirror_repo,
+            host_id=settings.host_id,
         )
     state.mirror, state.native_auth = mirror, native_auth
     state.account_roles = AccountRoles(mirror)
@@ -498,6 +591,7 @@ def create_app(
     app.add_middleware(
         MetricsMiddleware, metrics=state.metrics, host_id=settings.host_id, access_log=settings.access_log
     )
+    app.add_middleware(CompatErrorMiddleware)  # the kit's statuses and `error` on /health, /relayer, /relay
     app.add_middleware(RequestIdMiddleware)
     install_problem_handlers(app, settings.docs_url, settings.problem_record_file)
     app.include_router(relay_routes.router)
@@ -511,10 +605,14 @@ def create_app(
     app.include_router(incident_routes.router)
     app.include_router(pricing_routes.router)
     app.include_router(purchase_routes.router)
+    app.include_router(x402_routes.router)
+    app.include_router(compat_routes.router)
+    app.include_router(registry_routes.router)
+    app.include_router(status_routes.router)
     app.include_router(auth_routes.admin_router)
     install_openapi(
         app,
-        (*relay_routes.EXTRA_SCHEMAS, *stream_routes.EXTRA_SCHEMAS),
+        (*relay_routes.EXTRA_SCHEMAS, *stream_routes.EXTRA_SCHEMAS, *compat_routes.EXTRA_SCHEMAS),
         transaction_schemas(settings.network.chain_id),
     )
 

@@ -17,6 +17,7 @@ import errno
 import os
 import secrets
 import socket
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,11 @@ class EmbeddedOptions:
     metrics_port: int = 9108  # host i serves its metrics on metrics_port + i; 0 turns them off
     metrics_host: str = "127.0.0.1"
     fresh: bool = False  # a new chain and a new SQLite database (see reset_database)
+    status_port: int = 8090  # the status site (its own process, reading the feed files); 0: not started
+
+    @property
+    def status_url(self) -> str | None:
+        return f"http://{self.host}:{self.status_port}" if self.status_port else None
 
     @property
     def effective_database_url(self) -> str:
@@ -168,6 +174,13 @@ def embedded_listeners(options: EmbeddedOptions) -> list[Listeners]:
                     "pass --metrics-port (or GASLESS_METRICS_PORT) with a free port, or 0 to turn metrics off",
                 )
         check_port(options.host, options.localnet_port, "the localnet gateway port", LOCALNET_HINT)
+        if options.status_port:
+            check_port(
+                options.host,
+                options.status_port,
+                "the status site port",
+                "pass --status-port with a free port, or 0",
+            )
     except PortUnavailable:
         for listeners in bound:
             listeners.close()
@@ -253,6 +266,35 @@ async def start_localnet(options: EmbeddedOptions) -> Localnet:
     return localnet
 
 
+PROBE_TIER, PROBE_MONTHS = 5, 12  # a large plan: three 1-RU transfers a minute
+
+
+def probe_wallets(data_dir: Path) -> list[Any]:
+    from gasless.localnet.genesis import load_or_create_wallet
+
+    return [load_or_create_wallet(data_dir / "probe", f"probe-s{shard}", shard) for shard in range(3)]
+
+
+async def grant_probe_plans(options: EmbeddedOptions, localnet: Localnet) -> None:
+    """Give each probe account a plan (best effort: an account that has one already keeps it)."""
+    from gasless.localnet.owner import owner_call
+
+    contract = localnet.info.get("contract")
+    if not contract:
+        return
+    for wallet in probe_wallets(options.data_dir):
+        try:
+            await owner_call(
+                localnet.urls[0],
+                localnet.genesis.owner,
+                contract,
+                "grant",
+                [wallet.address, PROBE_TIER, PROBE_MONTHS],
+            )
+        except Exception as exc:  # e.g. a plan already runs (a resumed chain): the probe relays on it
+            log.info("probe plan not granted", address=wallet.address.to_bech32(), reason=str(exc)[:120])
+
+
 def embedded_settings(options: EmbeddedOptions, localnet: Localnet, index: int = 0) -> Settings:
     """Settings of host `index` (0: a, 1: b). Both share the master secret, database and Redis."""
     info = localnet.info
@@ -277,6 +319,9 @@ def embedded_settings(options: EmbeddedOptions, localnet: Localnet, index: int =
         "app_origin": first,
         "relayer_key_files": [wallet.path for wallet in localnet.genesis.relayers],
         "owner_key_file": localnet.genesis.owner.path,  # settles usage batches on localnet
+        # The synthetic probe: one account per shard under <data_dir>/probe (granted a plan at start).
+        "probe_enabled": True,
+        "probe_key_files": [wallet.path for wallet in probe_wallets(options.data_dir)],
     }
     if options.database_url:
         values["database_url"] = options.database_url
@@ -389,6 +434,39 @@ async def serve_api(settings: Settings, listeners: Listeners, *, log_level: str 
         listeners.close()
 
 
+async def start_status_site(options: EmbeddedOptions, feed_dir: Path) -> asyncio.subprocess.Process | None:
+    """The status site as its own process (`gasless status-site`), reading the hosts' feed directory."""
+    if not options.status_port:
+        return None
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "gasless.cli",
+        "status-site",
+        "--feed-dir",
+        str(feed_dir),
+        "--port",
+        str(options.status_port),
+        "--host",
+        options.host,
+        stdout=asyncio.subprocess.DEVNULL,
+    )
+
+
+async def stop_process(process: asyncio.subprocess.Process | None) -> None:
+    """Stop and reap a child: SIGTERM, then SIGKILL after 10 s."""
+    if process is None or process.returncode is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        process.terminate()
+    try:
+        await asyncio.wait_for(process.wait(), 10)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+
+
 async def run_embedded(
     options: EmbeddedOptions,
     listeners: list[Listeners],
@@ -404,11 +482,16 @@ async def run_embedded(
         try:
             if options.fresh:
                 reset_database(options.effective_database_url)
+            await grant_probe_plans(options, localnet)
             hosts = [embedded_settings(options, localnet, index) for index in range(options.hosts)]
-            await serve_hosts(
-                list(zip(hosts, listeners, strict=True)),
-                on_listening=(lambda: on_ready(hosts, localnet)) if on_ready is not None else None,
-            )
+            site = await start_status_site(options, hosts[0].effective_status_feed_dir)
+            try:
+                await serve_hosts(
+                    list(zip(hosts, listeners, strict=True)),
+                    on_listening=(lambda: on_ready(hosts, localnet)) if on_ready is not None else None,
+                )
+            finally:
+                await stop_process(site)
         finally:
             with contextlib.suppress(Exception):
                 await localnet.stop()

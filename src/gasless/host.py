@@ -23,6 +23,7 @@ from gasless.auth.roles import AccountRoles
 from gasless.chain.gateway import GatewayClient
 from gasless.chain.identity import ChainGuard
 from gasless.chain.network import NetworkView
+from gasless.compat.service import CompatService
 from gasless.crypto import PurposeKeys
 from gasless.db.leader import SingletonRunner
 from gasless.errors import ApiError
@@ -52,6 +53,7 @@ from gasless.signer import FencedSigner
 from gasless.streams.service import StreamService
 from gasless.webhooks.delivery import Dispatcher, IntentRecorder
 from gasless.webhooks.service import WebhookService
+from gasless.x402.service import X402Service
 
 log = structlog.get_logger("gasless.host")
 
@@ -102,6 +104,10 @@ class HostState:
     pricing: PricingService | None = None
     mcp: MCPServer | None = None  # /mcp (gasless.mcp.mount)
     purchases: PurchaseService | None = None
+    x402: X402Service | None = None
+    compat: CompatService | None = (
+        None  # the starter-kit facade (on the relay core)  # the x402 flow (needs the relay core and the billing contract)
+    )
     mirror: ContractMirror | None = None
     native_auth: NativeAuthVerifier | None = None
     sender_listing: SenderListing | None = None

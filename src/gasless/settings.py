@@ -127,6 +127,22 @@ class Settings(BaseSettings):
     relayer_key_files: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     relayer_min_balance_atto: int = Field(default=50_000_000_000_000_000, ge=0)  # 0.05 EGLD
     relayer_refresh_ms: int = Field(default=5_000, ge=100)
+    latency_rollup_ms: int = Field(default=1_000, ge=50, description="the latency rollup worker's period")
+    latency_rollup_enabled: bool = Field(
+        default=True, description="off only to measure its cost (bench/relay.py)"
+    )
+    status_feed_dir: Path | None = Field(
+        default=None,
+        description="where the feed publisher writes the status feeds (default <data_dir>/status-feed)",
+    )
+    status_feed_ms: int = Field(default=60_000, ge=100, description="the status feed publication period")
+    probe_enabled: bool = Field(default=False, description="run the synthetic probe (on in `gasless up`)")
+    probe_interval_ms: int = Field(
+        default=60_000, ge=100, description="one probe transfer per shard this often"
+    )
+    probe_key_files: list[Path] = Field(
+        default_factory=list, description="the probe accounts' PEMs, one per shard (each needs a plan)"
+    )
     signer_deadline_ms: int = Field(default=250, ge=10, le=10_000)
     signer_fence_ttl_ms: int = Field(default=10_000, ge=1_000, le=600_000)
     simulate: Literal["always", "contract_calls", "never"] = "contract_calls"
@@ -286,6 +302,10 @@ class Settings(BaseSettings):
     @property
     def effective_gateway_urls(self) -> list[str]:
         return list(self.gateway_urls) or list(self.network.default_gateway_urls)
+
+    @property
+    def effective_status_feed_dir(self) -> Path:
+        return self.status_feed_dir or self.data_dir / "status-feed"
 
     @property
     def effective_database_url(self) -> str:

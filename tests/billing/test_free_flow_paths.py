@@ -112,22 +112,35 @@ def test_free_flow_limit_bills_an_account_and_bars_a_stranger(
         and row.function == "setAutoRenew"
     )
 
-    # An address without an account (depositFor pays for someone else) cannot be billed: barred.
+    # Only flag calls count: an address without an account pays depositFor for someone else, free, past
+    # the limit (a deposit is not a flag call).
     stranger = env.new_sender(plan=False)
     faucet(env, stranger.address, usdc_micro=10 * USDC)
-    hashes = []
-    for _ in range(2):
+    for _ in range(3):
         response = _free_for_stranger(env, stranger, account)
         assert response.status_code in (200, 202), response.text
-        assert response.json()["billing"]["account"] == stranger.address
         assert response.json()["billing"]["free"] is True
-        hashes.append(response.json()["txHash"])
         _final(env, response)
-    barred = _free_for_stranger(env, stranger, account)
+
+    # An account that cannot be billed (credits but no plan, pay-as-you-go off) is barred past its free
+    # flag calls until the oldest one leaves the window.
+    holder = env.new_sender(plan=False)
+    faucet(env, holder.address, usdc_micro=10 * USDC)
+    token = env.localnet.net.info["paymentToken"].encode()
+    created = relay_data(env, holder, contract_data("ESDTTransfer", token, 2 * USDC, b"deposit"))
+    assert created.status_code in (200, 202), created.text
+    _final(env, created)
+    # (no wait for the mirror: a flag call right after the account's creation is recognised)
+    for _ in range(2):
+        response = _free(env, holder)
+        assert response.status_code in (200, 202), response.text
+        assert response.json()["billing"]["free"] is True
+        _final(env, response)
+    barred = _free(env, holder)
     oldest = min(
         r.created_at_ms
         for r in reservation_rows(env)
-        if r.account == stranger.address and r.billing_class == "free"
+        if r.account == holder.address and r.billing_class == "free" and r.function == "setAutoRenew"
     )
     check_relay_problem(
         barred,
@@ -135,7 +148,7 @@ def test_free_flow_limit_bills_an_account_and_bars_a_stranger(
         403,
         retryable=False,
         resign="NONE",
-        details={"untilMs": oldest + window_ms, "account": stranger.address},
+        details={"untilMs": oldest + window_ms, "account": holder.address},
     )
 
 

@@ -48,6 +48,8 @@ TABLES = {
     "incidents",
     "incident_updates",
     "chain_identity",
+    "x402_payments",
+    "latency_rollups",
 }
 ADDRESS = "erd1qyu5wthldzr8wx5c9ucg8kjagg0jfs53s8nr3zpz3hypefsdd8ssycr6th"
 
@@ -71,7 +73,7 @@ def _relayer(**overrides: Any) -> dict[str, Any]:
 
 
 async def test_upgrade_from_empty_reaches_head(db_engine: AsyncEngine, database_url: str) -> None:
-    assert head_revision() == "0009"
+    assert head_revision() == "0014"
     assert await current_revision(db_engine) is None
     assert await is_up_to_date(db_engine) is False
 

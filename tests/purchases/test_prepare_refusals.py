@@ -103,12 +103,15 @@ def test_plan_refusals(env: Any, problem: Any) -> None:
     body = problem(subscribe(env, buyer.address, STARTER, maxPriceMicroUsdc=8_999_999), "PRICE_ABOVE_MAX")
     assert body["details"] == {"priceMicroUsdc": 9_000_000, "maxPriceMicroUsdc": 8_999_999}
 
-    # Credits only, with none: 402 with a PAYMENT-REQUIRED header for the payer.
+    # Credits only, with none: 402 with the x402 challenge of the same plan, for the payer.
     short = subscribe(env, buyer.address, STARTER, payWith="credits")
     body = problem(short, "INSUFFICIENT_CREDITS")
     assert body["details"] == {"creditsMicroUsdc": 0, "priceMicroUsdc": 9_000_000}
     required = json.loads(base64.b64decode(short.headers["PAYMENT-REQUIRED"]))
-    assert required["x402Version"] == 2 and required["resource"]["url"].endswith("/v1/x402/topup")
+    assert required["x402Version"] == 2 and required["resource"]["url"].endswith("/v1/x402/purchase")
+    entry = required["accepts"][0]
+    assert entry["extra"]["payer"] == buyer.address and entry["extra"]["tierId"] == STARTER
+    assert entry["amount"] == "9000000" and entry["payTo"] == env.contract and entry["extra"]["quoteMac"]
 
     # A Growth plan runs: a period-less tier cannot start now, a cheaper one queues once.
     env.owner("grant", [env_address(buyer), GROWTH, 1])

@@ -275,9 +275,10 @@ def db_execute(env: RelayEnv, sql: str, **params: Any) -> None:
 
 
 def set_relayer_state(env: RelayEnv, state: str, *addresses: str) -> None:
-    """Set relayers' state in the database; returns once the host's pool refresh (200 ms) has seen it."""
+    """Set relayers' state in the contract (the authority, as `gasless admin relayer-state` does); returns
+    once the host's pool refresh (200 ms) has followed it."""
     for address in addresses:
-        db_execute(env, "UPDATE relayers SET state = :state WHERE address = :a", state=state, a=address)
+        env.owner("setRelayerState", [_addr(address), state.capitalize()])
     pool = env.client.app.state.host.relayers  # type: ignore[attr-defined]
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:

@@ -79,6 +79,18 @@ BUSINESS_REFUSALS = {
     "assignRelayer": ["410", "422"],
     "prepareSubscribe": ["402", "422"],
     "prepareDeposit": ["422"],
+    "prepareFlags": ["402", "409"],  # NO_ENTITLEMENT (no account), RENEW_NOT_APPLICABLE
+    # NO_ENTITLEMENT, INSUFFICIENT_CREDITS; 400 when `remove` names an address that is not a sender of the
+    # account (the contract would revert the call: nothing is built)
+    "prepareSenders": ["400", "402"],
+    # Unpaid: the 402 challenge (or its refusals on the contract's state); a schema-valid payment header
+    # that is no payment: PAYMENT_INVALID.
+    "x402Topup": ["402", "422"],
+    "x402Purchase": ["402", "422"],
+    "getX402Payment": ["402"],
+    # The frozen facade answers every validation failure of the kit's transaction with 400 (compat rule 4);
+    # its schema is the kit's free-form plain object.
+    "compatRelay": ["400"],
 }
 DEFAULT_POSITIVE = ["2xx", "3xx", "401", "403", "404", "409", "429"]
 CONFIG = {
@@ -289,6 +301,7 @@ def test_real_answers_conform_to_the_document(
     assert b"event: intent" in stream.content and b'"state":"FINALIZED"' in stream.content
     for path in ("/healthz", "/readyz", "/openapi.json", "/v1/network"):
         call(path, "GET", (200,))
+    env.wait_mirror()  # the account (its granted plan) is read from the mirror of finalised events
     call("/v1/account/{erd}/senders", "GET", (200,), path_parameters={"erd": sender.address})
 
     # Errors on real data: a lease of another sender, a stale proof, an unknown slot.

@@ -61,6 +61,8 @@ def test_readyz_is_503_while_the_host_restores(tmp_path: Path, unpaused_localnet
                 "retention": "leader",
                 "webhook-retention": "leader",
                 "intent-recovery": "leader",
+                "latency-rollup": "leader",
+                "status-feed": "leader",
                 "mirror": "leader",
             }
     finally:

@@ -605,6 +605,16 @@ def test_no_entitlement_names_the_sender_in_payment_required(
     nothing_sent(env, tx, "NO_ENTITLEMENT")
 
 
+def test_a_flag_call_needs_an_account_of_its_own(env: Any, problem: Any, nothing_sent: Any) -> None:
+    """Flag calls are co-signed only for an address with an on-chain account (Purchase builders rule 3)."""
+    sender = env.new_sender(1, plan=False)
+    assignment = env.assign(sender)
+    tx = contract_call(env, sender, assignment, b"setAutoRenew@01", 5_000_000)
+    body = problem(env.relay(tx, assignment["lease"]), "NO_ENTITLEMENT")
+    assert body["details"]["reason"] == "NO_ACCOUNT"
+    nothing_sent(env, tx, "NO_ENTITLEMENT")
+
+
 @pytest.mark.parametrize(("setter", "scope"), [("setPaused", "global"), ("setDepositsPaused", "deposits")])
 def test_contract_paused_for_a_free_deposit(
     env: Any, problem: Any, nothing_sent: Any, setter: str, scope: str
@@ -633,10 +643,11 @@ def test_contract_paused_for_an_esdt_deposit(env: Any, problem: Any, nothing_sen
 @pytest.mark.parametrize(
     ("plan", "data", "reason"),
     [
-        (False, b"setAutoRenew@01", "ERR_UNKNOWN_ACCOUNT"),  # free, but the sender has no account
+        # free (not a flag call, so no account needed), but the signer authorised nobody
+        (False, b"removeSenders@" + b"00" * 32, "ERR_NOT_A_SENDER"),
         (True, b"noSuchEndpoint", "invalid function"),  # paid by the plan, refused by the VM
     ],
-    ids=["free-call-no-account", "unknown-endpoint"],
+    ids=["free-call-reverts", "unknown-endpoint"],
 )
 def test_simulation_failed_for_a_reverting_contract_call(
     env: Any, problem: Any, nothing_sent: Any, plan: bool, data: bytes, reason: str

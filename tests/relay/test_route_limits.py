@@ -339,3 +339,34 @@ async def test_client_follows_by_polling_when_streams_and_polls_are_limited() ->
         assert len(polls) == 3  # the refused poll was read again
     finally:
         await runner.cleanup()
+
+
+# x402 ----------------------------------------------------------------------------------------------------
+def test_x402_paid_routes_per_ip_and_paid_retries_per_payer(make_env: Any, problem: Any) -> None:
+    """ "x402 purchase routes: 1 req/s per IP; 6 per minute per payer" (here 3 and 1 that never refill)."""
+    from purchase_kit import fund  # type: ignore[import-not-found]
+
+    from gasless.client.keys import UserKey
+    from gasless.client.x402 import pay_header, read_challenge
+
+    table = RouteLimitTable(x402_ip=Rate(SLOW, 3), x402_payer=Rate(SLOW, 1))
+    env = make_env(app_kwargs={"route_limits": table})
+    payer = env.new_sender(1, plan=False)
+    fund(env, payer.address, usdc_micro=30_000_000)
+    body = {"payer": payer.address, "amountMicroUsdc": 10_000_000}
+    challenge = env.client.post("/v1/x402/topup", json=body)
+    assert challenge.status_code == 402 and headers_of(challenge)[:2] == ("3", "2")
+    header, _ = pay_header(read_challenge(challenge.headers), UserKey(payer.key))
+    paid = env.client.post("/v1/x402/topup", json=body, headers={"PAYMENT-SIGNATURE": header})
+    assert paid.status_code == 200, paid.text
+    assert headers_of(paid)[:2] == ("1", "0")  # the payer's bucket is the closest to refusing
+    refused(
+        env.client.post("/v1/x402/topup", json=body, headers={"PAYMENT-SIGNATURE": header}),
+        problem,
+        "payer",
+        1,
+    )
+    refused(
+        env.client.post("/v1/x402/purchase", json={"payer": payer.address, "tierId": 1}), problem, "ip", 3
+    )
+    assert env.client.get("/v1/x402/supported").status_code == 200  # public reads have their own bucket

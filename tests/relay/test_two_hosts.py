@@ -37,6 +37,8 @@ from gasless.localnet.owner import owner_call, unpause
 from gasless.relay.checks import presence_message
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+# The singleton roles every host runs (one leader each), as /readyz and the metrics name them.
+ROLES = ("retention", "webhook-retention", "intent-recovery", "latency-rollup", "status-feed", "mirror")
 
 _computer = TransactionComputer()
 
@@ -308,18 +310,8 @@ def test_hosts_report_their_identity_readiness_and_leadership(cluster: Cluster) 
             "restore": "ok", "database": "ok", "gateway": "ok", "redis": "ok", "clock": "ok", "signer": "ok",
         }  # fmt: skip
     # Each singleton runs on exactly one host: b, which started first.
-    assert ready["b"].json()["singletons"] == {
-        "retention": "leader",
-        "webhook-retention": "leader",
-        "intent-recovery": "leader",
-        "mirror": "leader",
-    }
-    assert ready["a"].json()["singletons"] == {
-        "retention": "standby",
-        "webhook-retention": "standby",
-        "intent-recovery": "standby",
-        "mirror": "standby",
-    }
+    assert ready["b"].json()["singletons"] == dict.fromkeys(ROLES, "leader")
+    assert ready["a"].json()["singletons"] == dict.fromkeys(ROLES, "standby")
 
 
 def test_a_lease_minted_on_a_is_accepted_on_b(cluster: Cluster) -> None:
@@ -464,8 +456,8 @@ def test_metrics_on_the_admin_port_after_relays(cluster: Cluster) -> None:
         for h in scraped
     }
     assert leader == {
-        "b": {"retention": 1.0, "webhook-retention": 1.0, "intent-recovery": 1.0, "mirror": 1.0},
-        "a": {"retention": 0.0, "webhook-retention": 0.0, "intent-recovery": 0.0, "mirror": 0.0},
+        "b": dict.fromkeys(ROLES, 1.0),
+        "a": dict.fromkeys(ROLES, 0.0),
     }
     # The admin port serves metrics and health only; the API port does not serve metrics.
     a = cluster.hosts["a"]
@@ -538,12 +530,17 @@ def test_killing_the_leader_moves_the_singletons_and_the_survivor_finishes_its_i
         return (
             body
             if body["singletons"]
-            == {
-                "retention": "leader",
-                "webhook-retention": "leader",
-                "intent-recovery": "leader",
-                "mirror": "leader",
-            }
+            == dict.fromkeys(
+                (
+                    "retention",
+                    "webhook-retention",
+                    "intent-recovery",
+                    "latency-rollup",
+                    "status-feed",
+                    "mirror",
+                ),
+                "leader",
+            )
             else None
         )
 
@@ -554,7 +551,7 @@ def test_killing_the_leader_moves_the_singletons_and_the_survivor_finishes_its_i
     assert final["cosignedAtMs"] == relayed.json()["intent"]["cosignedAtMs"]
     assert cluster.submissions(tx_hash) >= 1
     leader = {labels["role"]: value for labels, value in a.scrape()["gasless_singleton_leader"]}
-    assert leader == {"retention": 1.0, "webhook-retention": 1.0, "intent-recovery": 1.0, "mirror": 1.0}
+    assert leader == dict.fromkeys(ROLES, 1.0)
     adopted = [json.loads(line) for line in a.log_path.read_text().splitlines() if "adopting" in line]
     assert [entry["hosts"] for entry in adopted] == [["b"]]
 

@@ -141,7 +141,8 @@ def test_summary_totals_series_and_tops(env: Any, auth: Any, seed: Any) -> None:
     assert [(b["startMs"] - period) // day for b in body["series"]] == [0, 1]
     first = body["series"][0]
     assert (first["ru"], first["txCount"], first["failCount"]) == (5, 2, 1)
-    assert first["inclusion"] == {"p50Ms": 10, "p95Ms": 20, "p99Ms": 20}
+    # Seeded in 2023 (older than the rollups keep): no measured percentile, never one from raw rows.
+    assert first["inclusion"] == {"p50Ms": None, "p95Ms": None, "p99Ms": None}
     assert body["topSenders"] == [{"address": a, "ru": 9, "txCount": 3}]
     assert body["topReceivers"][0] == {"address": a, "ru": 6, "txCount": 2}
     hourly = _get(env, auth, owner, "/v1/usage/summary", account=a, periodId=period, bucket="hour").json()

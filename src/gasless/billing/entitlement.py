@@ -15,16 +15,14 @@ contract's RU price and capped by `max_payg_price` (PAYG_PRICE_ABOVE_MAX).
 
 from __future__ import annotations
 
-import base64
-import json
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from multiversx_sdk import Transaction
 
 from gasless.billing.decision import EntitlementDecision
-from gasless.billing.policy import MAX_DATA_BYTES_SELF_SERVE, AdmissionPolicy
+from gasless.billing.policy import FLAG_FUNCTIONS, MAX_DATA_BYTES_SELF_SERVE, AdmissionPolicy
 from gasless.billing.schedule import RU_SCHEDULE_V1, ru_for_gas_limit
 from gasless.chain.addresses import address_of
 from gasless.chain.calls import function_of, transfer_destination
@@ -55,21 +53,23 @@ def is_deploy_or_upgrade(tx: Transaction) -> bool:
     return (tx.data or b"").split(b"@", 1)[0] == b"upgradeContract"
 
 
+class TopupChallenges(Protocol):
+    """The x402 top-up challenge NO_ENTITLEMENT carries (gasless.x402.challenges.X402Challenges)."""
+
+    def topup_header(self, payer: str, amount: int, *, error: str) -> str: ...
+
+
 class BillingEntitlement:
     def __init__(
         self,
         mirror: ContractMirror,
         *,
-        chain_id: str,
-        base_url: str,
-        payment_token: str,
+        challenges: TopupChallenges | None = None,
         policy: AdmissionPolicy | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.mirror = mirror
-        self.chain_id = chain_id
-        self.base_url = base_url
-        self.payment_token = payment_token
+        self.challenges = challenges
         self.policy = policy or AdmissionPolicy()
         self.clock = clock
 
@@ -88,11 +88,17 @@ class BillingEntitlement:
         if contract is not None and tx.receiver.to_bech32() == contract:
             config = (await self.mirror.config())[0]
             free_ops = {bytes(name).decode() for name in config.free_operations}
-            if function in free_ops and free_allowed:
+            if function in FLAG_FUNCTIONS and not await self.mirror.has_account(sender):
+                # Flag calls are co-signed only for an address with an account of its own (the contract
+                # would revert them); renewing another account is a normal, billed relay.
+                raise await self._no_entitlement(
+                    sender, "NO_ACCOUNT", f"{sender} has no account in the contract: flag calls need one"
+                )
+            if function in free_ops and free_allowed and not _renews_another(tx, function):
                 await self._require_open(function, sender)
                 return EntitlementDecision("free", sender, ru=0, function=function or None)
         if contract is None:
-            raise self._no_entitlement(sender, "NO_ACCOUNT", "no billing contract is configured")
+            raise await self._no_entitlement(sender, "NO_ACCOUNT", "no billing contract is configured")
         if sponsor is not None:
             return await self._sponsored(tx, sender, sponsor, function, ru)
         paying = await self.mirror.paying_account(sender)
@@ -105,7 +111,7 @@ class BillingEntitlement:
                 details={"reason": "not_an_authorised_sender", "account": account},
             )
         if paying is None:
-            raise self._no_entitlement(
+            raise await self._no_entitlement(
                 sender,
                 "NO_ACCOUNT",
                 "the sender has no plan and is not an authorised sender; top up, or relay with a sponsor key",
@@ -184,7 +190,9 @@ class BillingEntitlement:
     ) -> EntitlementDecision:
         view = await self.mirror.account(account)
         if view is None:
-            raise self._no_entitlement(sender, "NO_ACCOUNT", f"{account} has no account in the contract")
+            raise await self._no_entitlement(
+                sender, "NO_ACCOUNT", f"{account} has no account in the contract"
+            )
         if view.suspended:
             raise ApiError(
                 "ACCOUNT_SUSPENDED",
@@ -213,7 +221,7 @@ class BillingEntitlement:
             payg_tier = next((t for t in tiers.values() if bool(t.payg)), None)
             rate_class = int(payg_tier.rate_class) if payg_tier is not None else None
             if payg_price is None or rate_class is None:
-                raise self._no_entitlement(
+                raise await self._no_entitlement(
                     sender,
                     "NO_PLAN",
                     f"{account} has no running plan and pay-as-you-go is off; buy a plan or enable it",
@@ -227,7 +235,7 @@ class BillingEntitlement:
             included = int(running.included_ru) if period_id is not None else None
             if period_id is None:  # a block without a period (a pay-as-you-go tier) pays as it goes
                 if payg_price is None:
-                    raise self._no_entitlement(
+                    raise await self._no_entitlement(
                         sender, "NO_PLAN", f"{account}'s plan is pay-as-you-go and pay-as-you-go is off"
                     )
                 self._payg_price_ok(payg, payg_price)
@@ -285,25 +293,23 @@ class BillingEntitlement:
         if not self._payg_price_fits(payg, price):
             raise payg_price_above_max(price, int(payg.max_payg_price_micro))
 
-    def _no_entitlement(self, sender: str, reason: str, detail: str) -> ApiError:
-        return ApiError(
-            "NO_ENTITLEMENT",
-            detail=detail,
-            details={"reason": reason},
-            headers={
-                "PAYMENT-REQUIRED": payment_required_header(
-                    sender, chain_id=self.chain_id, base_url=self.base_url, payment_token=self.payment_token
-                )
-            },
-        )
+    async def _no_entitlement(self, sender: str, reason: str, detail: str) -> ApiError:
+        """NO_ENTITLEMENT with a complete x402 challenge for a top-up of the transaction's sender (the deposit
+        minimum), never for a sponsor key's account."""
+        headers: dict[str, str] = {}
+        if self.challenges is not None:
+            amount = max(int((await self.mirror.config())[0].deposit_min_micro), 1)
+            headers["PAYMENT-REQUIRED"] = self.challenges.topup_header(sender, amount, error="NO_ENTITLEMENT")
+        return ApiError("NO_ENTITLEMENT", detail=detail, details={"reason": reason}, headers=headers)
 
     async def _require_open(self, function: str, sender: str) -> None:
         """A free call to the contract is answered before any co-signature when it cannot work: the contract
         paused for it (CONTRACT_PAUSED), or a deposit while the exchange venue is paused (SWAP_VENUE_PAUSED:
-        a deposit swaps its gas share there)."""
-        pause = (await self.mirror.pause_state())[0]
+        a deposit swaps its gas share there). Both read now, not from a cache: a pause set a moment ago must
+        stop the call before the co-signature (such calls are rare; their refusal must be exact)."""
+        pause = (await self.mirror.fresh("getPauseState"))[0]
         if not (pause.paused or (pause.deposits_paused and function in DEPOSIT_FUNCTIONS)):
-            if function in DEPOSIT_FUNCTIONS and not await self.mirror.venue_open():
+            if function in DEPOSIT_FUNCTIONS and not await self.mirror.venue_open(fresh=True):
                 raise ApiError(
                     "SWAP_VENUE_PAUSED",
                     detail="the exchange venue is paused: deposits and purchases wait; nothing was charged or "
@@ -342,20 +348,13 @@ def bech32_of(raw: Any) -> str:
     return address_of(bytes(raw)).to_bech32()
 
 
-def payment_required_header(sender: str, *, chain_id: str, base_url: str, payment_token: str) -> str:
-    """The x402 `PAYMENT-REQUIRED` header (base64 JSON) pointing the transaction's sender at a top-up."""
-    document = {
-        "x402Version": 2,
-        "error": "NO_ENTITLEMENT",
-        "resource": {"url": f"{base_url}/v1/x402/topup", "method": "POST"},
-        "accepts": [
-            {
-                "scheme": "exact",
-                "network": f"mvx:{chain_id}",
-                "asset": payment_token,
-                "payTo": None,
-                "extra": {"beneficiary": sender},
-            }
-        ],
-    }
-    return base64.b64encode(json.dumps(document, separators=(",", ":")).encode()).decode()
+def _renews_another(tx: Transaction, function: str) -> bool:
+    """`renew(address)` for an account other than the signer's: free only for oneself (rule 3)."""
+    if function != "renew":
+        return False
+    parts = bytes(tx.data).split(b"@")
+    try:
+        target = bytes.fromhex(parts[1].decode("ascii")) if len(parts) > 1 else b""
+    except ValueError:
+        return True
+    return target != tx.sender.get_public_key()

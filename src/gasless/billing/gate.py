@@ -2,12 +2,14 @@
 
 Free flow (calls named in the contract's `free_operations`):
 - one free transaction in flight per sender (FREE_FLOW_BUSY, `reason: in_flight`);
-- 10 per 24 h and 30 per 30 days per account (the sender's paying account, else the sender): past that
-  the relay is billed as a normal one (`free: false`) when the sender has a paying account, otherwise
-  FREE_FLOW_BARRED with `untilMs` (when the oldest counted free relay leaves its window);
+- flag calls (setAutoRenew, setPayg, releaseEscrow, renew) 10 per 24 h and 30 per 30 days per account
+  (the sender's paying account, else the sender), counting flag calls only: past that the relay is billed
+  as a normal one (`free: false`) when the sender has a paying account, otherwise FREE_FLOW_BARRED with
+  `untilMs` (when the oldest counted flag call leaves its window);
 - a platform-wide rate of free relays (RATE_LIMITED, scope `free_flow`) and a platform budget per 24 h
   (FREE_FLOW_UNAVAILABLE).
-Counts come from the reservations table (one `free` reservation per co-signed free relay, not released).
+Counts come from the reservations table (one `free` reservation per co-signed free relay, not released,
+with the function it called).
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.billing.decision import EntitlementDecision
 from gasless.billing.entitlement import BillingEntitlement
+from gasless.billing.policy import FLAG_FUNCTIONS
 from gasless.db import reservations
 from gasless.errors import ApiError
 from gasless.limits.accounts import AccountLimiter
 from gasless.limits.buckets import Decision, Rate, Take
 
 DAY_MS = 86_400_000
+# What the billed path answers for an account that cannot pay a relay: past the free flag calls it is barred.
+UNBILLABLE = frozenset({"NO_ENTITLEMENT", "QUOTA_EXHAUSTED", "PAYG_PRICE_ABOVE_MAX"})
 MONTH_MS = 30 * DAY_MS
 
 
@@ -83,15 +88,21 @@ class BillingGate:
         now = int(self.clock() * 1000)
         day, month, platform_day, oldest_day, oldest_month = await self._counts(account, now)
         limits = self.free_limits
-        if day >= limits.per_day or month >= limits.per_30_days:
+        flag_call = decision.function in FLAG_FUNCTIONS
+        if flag_call and (day >= limits.per_day or month >= limits.per_30_days):
             if paying is not None or sponsor is not None:
-                paid = await self.entitlement.decide(tx, sender, sponsor, free_allowed=False, account=account)
-                return paid
+                try:
+                    return await self.entitlement.decide(
+                        tx, sender, sponsor, free_allowed=False, account=account
+                    )
+                except ApiError as refusal:
+                    if refusal.code not in UNBILLABLE:
+                        raise
             until = (oldest_day + DAY_MS) if day >= limits.per_day else (oldest_month + MONTH_MS)
             raise ApiError(
                 "FREE_FLOW_BARRED",
-                detail=f"{account} used its free relays ({limits.per_day} per 24 h, {limits.per_30_days} per "
-                "30 days); buy a plan or wait",
+                detail=f"{account} used its free flag calls ({limits.per_day} per 24 h, {limits.per_30_days} "
+                "per 30 days); buy a plan or wait",
                 details={"untilMs": int(until), "account": account},
             )
         if platform_day >= limits.platform_per_day:
@@ -111,9 +122,16 @@ class BillingGate:
             )
         return EntitlementDecision("free", account, ru=0, function=decision.function)
 
+    async def flag_calls(self, account: str) -> tuple[int, int]:
+        """The account's free flag calls in the last 24 h and 30 days (what the flags builder prices by)."""
+        day, month, *_ = await self._counts(account, int(self.clock() * 1000))
+        return day, month
+
     async def _counts(self, account: str, now: int) -> tuple[int, int, int, int, int]:
         free = (reservations.c.billing_class == "free") & (reservations.c.state != "released")
-        mine = free & (reservations.c.account == account)
+        mine = (
+            free & (reservations.c.account == account) & reservations.c.function.in_(sorted(FLAG_FUNCTIONS))
+        )
         async with self.engine.connect() as conn:
             day, oldest_day = (
                 await conn.execute(

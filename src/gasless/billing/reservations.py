@@ -23,6 +23,7 @@ from typing import Any
 from sqlalchemy import Connection, bindparam, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from gasless.billing.policy import CONTRACT_FAILURES
 from gasless.db import account_period_usage, intents, reservations, usage_ledger
 from gasless.errors import ApiError
 
@@ -161,6 +162,7 @@ def reserve_many(
                     "payg_micro": c.payg_micro,
                     "period_id": c.period_id if c.klass != "payg" else None,
                     "api_key_id": c.billing.get("apiKeyId"),
+                    "function": c.billing.get("function") if c.klass == "free" else None,
                     "state": "reserved",
                     "created_at_ms": int(c.values["cosigned_at_ms"]),
                     "updated_at_ms": int(c.values["cosigned_at_ms"]),
@@ -212,7 +214,9 @@ def _ledger_values(row: Any, reservation: Any | None, now: int) -> dict[str, Any
         "finalized_at_ms": row.finalized_at_ms,
         "terminal_at_ms": int(row.executed_block_ts_ms or row.updated_at_ms or now),
         "dead_reason": row.dead_reason,
-        "first_ack_gateway": None,
+        "failure_code": CONTRACT_FAILURES.get(getattr(row, "failure", None) or ""),
+        "route": billing.get("route"),
+        "first_ack_gateway": getattr(row, "first_ack_gateway", None),
         "created_at_ms": now,
     }
 

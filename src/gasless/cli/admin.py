@@ -126,6 +126,30 @@ def grant(
     )
 
 
+RELAYER_STATES = {"active": "Active", "draining": "Draining", "retired": "Retired"}
+
+
+@admin_app.command("relayer-state")
+def relayer_state(
+    relayer: Annotated[str, typer.Argument(help="The relayer (erd1...).")],
+    state: Annotated[str, typer.Argument(help="active, draining or retired (retired is final).")],
+    config: ConfigOption = None,
+    gateway: GatewayOption = None,
+    contract: ContractOption = None,
+    owner_pem: OwnerOption = None,
+) -> None:
+    """Set a relayer's state in the contract (setRelayerState): the authority every host follows."""
+    if state not in RELAYER_STATES:
+        fail(f"state must be one of {', '.join(RELAYER_STATES)}, not {state!r}")
+    settings = _settings(config, gateway, contract, owner_pem)
+    _owner_call(
+        settings,
+        "setRelayerState",
+        [_address(relayer), RELAYER_STATES[state]],
+        f"relayer {relayer} {state}",
+    )
+
+
 def _pause(scope: str, paused: bool, settings: Any) -> None:
     function = "setPaused" if scope == "contract" else "setDepositsPaused"
     _owner_call(settings, function, [paused], f"{'pause' if paused else 'unpause'} {scope}")

@@ -66,9 +66,9 @@ def token(
 
     key = UserKey(read_pem(pem))
     native = asyncio.run(_native_auth(api))
-    max_ttl = native.get("maxTtlSeconds")
-    if isinstance(max_ttl, int) and ttl_seconds > max_ttl:
-        fail(f"--ttl-seconds {ttl_seconds} is more than the API accepts ({max_ttl})")
+    max_ttl_ms = native.get("maxTtlMs")
+    if isinstance(max_ttl_ms, int) and ttl_seconds * 1000 > max_ttl_ms:
+        fail(f"--ttl-seconds {ttl_seconds} is more than the API accepts ({max_ttl_ms // 1000})")
     accepted = [o for o in native.get("origins") or [] if isinstance(o, str)]
     if origin is None:
         exact = [o for o in accepted if "*" not in o]  # a wildcard is a pattern, not an origin

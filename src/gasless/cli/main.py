@@ -18,8 +18,10 @@ from gasless.cli.agents import register as register_agents
 from gasless.cli.auth import auth_app
 from gasless.cli.common import EXIT_FAILED, invalid_settings, one_line
 from gasless.cli.output import CliConsole
+from gasless.cli.purchases import register as register_purchases
 from gasless.cli.relay import relay_app
 from gasless.cli.signals import StopRequested, run_until_stopped, stop_exit_code
+from gasless.cli.x402 import x402_app
 from gasless.logs import configure_logging
 
 app = typer.Typer(
@@ -29,8 +31,10 @@ console = CliConsole(stderr=True)
 
 app.add_typer(relay_app, name="relay")
 app.add_typer(auth_app, name="auth")
+app.add_typer(x402_app, name="x402")
 register_admin(app)  # gasless admin ..., gasless verify-proof
 register_agents(app)  # gasless mcp
+register_purchases(app)  # gasless pricing, buy, deposit, flags, senders
 
 
 def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -73,7 +77,7 @@ def _refused(reason: str, database: str, *, embedded: bool) -> NoReturn:
     _cannot_start(f"{reason} (database {_without_password(database)}): {advice}", 2)
 
 
-def _print_embedded(hosts, localnet) -> None:  # type: ignore[no-untyped-def]
+def _print_embedded(hosts, localnet, status_url=None) -> None:  # type: ignore[no-untyped-def]
     first = hosts[0]
     storage = "SQLite" if first.effective_database_url.startswith("sqlite") else "PostgreSQL"
     title = f"gasless is up (localnet + {storage}, {len(hosts)} API host{'s' if len(hosts) > 1 else ''})"
@@ -89,6 +93,8 @@ def _print_embedded(hosts, localnet) -> None:  # type: ignore[no-untyped-def]
                 f"metrics (host {settings.host_id})",
                 f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
             )
+    if status_url:
+        table.add_row("status site", f"{status_url}  (feeds: {status_url}/feed/status.json)")
     for url in localnet.urls:
         table.add_row("localnet gateway", url)
     table.add_row("localnet admin", f"{localnet.urls[0]}/localnet/info")
@@ -148,6 +154,14 @@ def up(
             "Without it, a second start resumes both.",
         ),
     ] = False,
+    status_port: Annotated[
+        int,
+        typer.Option(
+            "--status-port",
+            envvar="GASLESS_STATUS_PORT",
+            help="The status site's port (its own process); 0: not started.",
+        ),
+    ] = 8090,
 ) -> None:
     """Start the embedded default: localnet and the API host(s) on loopback, data under --data-dir."""
     from gasless.embedded import (
@@ -175,6 +189,7 @@ def up(
         # The hosts' settings would read it too; the listener is bound before they exist.
         metrics_host=os.environ.get("GASLESS_METRICS_HOST") or "127.0.0.1",
         fresh=fresh,
+        status_port=status_port,
     )
     try:
         check_embedded(options)
@@ -186,7 +201,13 @@ def up(
     configure_logging(json_lines=False, level="WARNING", secrets=[secret])
     console.print(f"starting localnet on port {localnet_port}, then the API (Ctrl-C stops at any moment)")
     try:
-        run_service(lambda: run_embedded(options, listeners, on_ready=_print_embedded))
+        run_service(
+            lambda: run_embedded(
+                options,
+                listeners,
+                on_ready=lambda hosts_, net: _print_embedded(hosts_, net, options.status_url),
+            )
+        )
     except StopRequested as stop:
         _stopped(stop)
         raise
@@ -196,6 +217,30 @@ def up(
         _refused(exc.reason, exc.database_url, embedded=True)
     except ServerFailed as exc:
         _cannot_start(exc, 1)
+
+
+@app.command("status-site")
+def status_site(
+    feed_dir: Annotated[
+        Path, typer.Option("--feed-dir", help="The API's feed directory (<data_dir>/status-feed).")
+    ] = Path("var/status-feed"),
+    port: Annotated[int, typer.Option("--port", help="The site's port.")] = 8090,
+    host: Annotated[str, typer.Option("--host", help="The address to listen on.")] = "127.0.0.1",
+    site_url: Annotated[str, typer.Option("--site-url", help="Public URL (links in the Atom feed).")] = "",
+) -> None:
+    """Serve the status site: the page and the feeds, from the published feed files only (a separate
+    deployment: it keeps serving the last feeds when the API is down)."""
+    import uvicorn
+
+    from gasless.embedded import PortUnavailable, check_port
+    from gasless.statussite.app import create_status_site
+
+    try:
+        check_port(host, port, "the status site port", "pass --port with a free port")
+    except PortUnavailable as exc:
+        _cannot_start(exc, 2)
+    console.print(f"status site on http://{host}:{port} (feeds from {feed_dir})")
+    uvicorn.run(create_status_site(feed_dir, site_url=site_url), host=host, port=port, log_level="warning")
 
 
 @app.command()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Callable, Coroutine
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -63,6 +64,11 @@ class Stopper:
     def _raise(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is None:
             self.signum = signum
+        if frame is not None and _exceptions_ignored_in(frame):
+            # Interrupting here would be swallowed ("Exception ignored in ..." with a traceback): deliver
+            # the same signal again a moment later, once the callback has returned.
+            threading.Timer(0.01, os.kill, (os.getpid(), signum)).start()
+            return
         raise StopRequested(self.signum)
 
     def attach(self, loop: asyncio.AbstractEventLoop, task: asyncio.Task[Any]) -> None:
@@ -91,6 +97,12 @@ class Stopper:
         self.signum = signum
         if self._task is not None:
             self._task.cancel()
+
+
+def _exceptions_ignored_in(frame: FrameType) -> bool:
+    """Whether Python would swallow an exception raised in `frame`: an import lock's weakref callback."""
+    code = frame.f_code
+    return code.co_filename.startswith("<frozen importlib") and code.co_name == "cb"
 
 
 STOPPER = Stopper()

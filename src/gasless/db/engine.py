@@ -66,7 +66,11 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
     try:
         # busy_timeout first: switching to WAL needs a lock another connection may hold.
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
-        cursor.execute("PRAGMA journal_mode=WAL")
+        # WAL is persistent: switch only a database not in it yet (the switch waits for a writer that may
+        # hold the lock for a whole migration, longer than busy_timeout).
+        cursor.execute("PRAGMA journal_mode")
+        if str(cursor.fetchone()[0]).lower() != "wal":
+            cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
     finally:

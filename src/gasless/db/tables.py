@@ -110,6 +110,8 @@ intents = Table(
     Column("finalized_at_ms", UnixMs, nullable=True),
     Column("outcome", String(16), nullable=True),  # chain status once executed: success | fail
     Column("dead_reason", Text, nullable=True),
+    Column("failure", String(64), nullable=True),  # the contract's error of a failed execution
+    Column("first_ack_gateway", String(255), nullable=True),  # the gateway that acknowledged first
     Column("replaced_by", Hash32, nullable=True),
     Column("last_sent_at_ms", UnixMs, nullable=True),
     Column("send_attempts", Integer, nullable=False, default=0),
@@ -263,6 +265,34 @@ idempotency_keys = Table(
 )
 Index(None, idempotency_keys.c.expires_at_ms)
 
+# x402 payments (docs/x402.md), keyed by the client's payment identifier and shared by every host: written
+# before anything is co-signed, so a replay on either host finds it. `payload_digest` is the SHA-256 of the
+# payment payload's canonical JSON (same id + another payload: PAYMENT_INVALID). `result` holds the final
+# answer (a X402PurchaseResult, or the PAYMENT_FAILED problem's members) once `state` is final.
+X402_STATES = ("pending", "success", "failed")
+x402_payments = Table(
+    "x402_payments",
+    metadata,
+    Column("payment_id", String(128), primary_key=True),
+    Column("kind", String(8), nullable=False),
+    Column("payload_digest", Hash32, nullable=False),
+    Column("payer", String(62), nullable=False),
+    Column("beneficiary", String(62), nullable=False),
+    Column("amount_micro", Micro, nullable=False),
+    Column("quote_id", Hash32, nullable=False),
+    Column("terms", JsonDoc, nullable=False),
+    Column("state", String(8), nullable=False),
+    Column("tx_hash", Hash32, nullable=True),
+    Column("intent_id", String(84), nullable=True),
+    Column("result", JsonDoc, nullable=True),
+    Column("host_id", String(8), nullable=False),
+    Column("created_at_ms", UnixMs, nullable=False),
+    Column("updated_at_ms", UnixMs, nullable=False),
+    CheckConstraint("state IN ('pending', 'success', 'failed')", name="state"),
+    CheckConstraint("kind IN ('topup', 'purchase')", name="kind"),
+)
+Index(None, x402_payments.c.payer, x402_payments.c.created_at_ms)
+
 # Billing --------------------------------------------------------------------------------------------------
 BILLING_CLASSES = ("plan", "payg", "sponsor", "free")
 _CLASS_SQL = ", ".join(f"'{name}'" for name in BILLING_CLASSES)
@@ -283,6 +313,8 @@ reservations = Table(
     Column("state", String(10), nullable=False),
     Column("created_at_ms", UnixMs, nullable=False),
     Column("updated_at_ms", UnixMs, nullable=False),
+    # The contract function a free relay called: the per-account free limits count flag calls only.
+    Column("function", String(32), nullable=True),
     CheckConstraint(f"billing_class IN ({_CLASS_SQL})", name="billing_class"),
     CheckConstraint("state IN ('reserved', 'settled', 'released')", name="state"),
     CheckConstraint("ru >= 0 AND payg_micro >= 0", name="amounts"),
@@ -349,6 +381,10 @@ usage_ledger = Table(
     Column("finalized_at_ms", UnixMs, nullable=True),
     Column("terminal_at_ms", UnixMs, nullable=False),  # executedBlockTsMs, else the terminal time
     Column("dead_reason", Text, nullable=True),
+    Column("failure_code", String(32), nullable=True),  # the catalogue code of a failed execution
+    Column("route", String(8), nullable=True),  # `compat` for the starter-kit facade; null: the native API
+    # Counted into the latency rollups (usage/rollups.py) exactly once, in the transaction that merged it.
+    Column("rolled_up", Boolean, nullable=False, server_default=false()),
     Column("first_ack_gateway", String(255), nullable=True),
     Column("batch_id", BigInteger, ForeignKey("settlement_batches.batch_id"), nullable=True),
     Column("leaf_index", Integer, nullable=True),
@@ -365,6 +401,7 @@ usage_ledger = Table(
 Index(None, usage_ledger.c.account, usage_ledger.c.terminal_at_ms)
 Index(None, usage_ledger.c.batch_id)
 Index(None, usage_ledger.c.sender, usage_ledger.c.nonce)
+Index(None, usage_ledger.c.rolled_up, usage_ledger.c.terminal_at_ms)
 
 # The billing contract mirror (gasless.mirror, migration 0007): finalised contract events applied in
 # hyperblock order; the follower's cursor is the `mirror.cursor` row of service_meta, written in the same
@@ -429,6 +466,31 @@ mirror_purchases = Table(
     CheckConstraint(f"kind IN ({_PURCHASE_KIND_SQL})", name="kind"),
 )
 Index(None, mirror_purchases.c.account, mirror_purchases.c.block_ts_ms)
+
+# Latency rollups (docs/usage.md, "Latency"): mergeable HdrHistograms of the latency figures of terminal
+# intents, per minute ('m', kept 48 h) and per hour ('h', kept 90 days), per dimension and key (`all`,
+# `shard`, `relayer`, `gateway`, and the account-scoped `acct_shard`, `acct_relayer`, `acct_sender`,
+# `acct_gateway` keyed `<account>|<value>`), per figure (`added`, `inclusion`, `finality`, `total`).
+latency_rollups = Table(
+    "latency_rollups",
+    metadata,
+    Column("granularity", String(1), primary_key=True),
+    Column("bucket_ms", BigInteger, primary_key=True, autoincrement=False),
+    Column("dimension", String(16), primary_key=True),
+    Column("key", String(140), primary_key=True),
+    Column("metric", String(16), primary_key=True),
+    Column("count", BigInteger, nullable=False),
+    Column("histogram", Text, nullable=False),  # the histogram's own compressed base64 encoding
+    Column("updated_at_ms", UnixMs, nullable=False),
+    CheckConstraint("granularity IN ('m', 'h')", name="granularity"),
+)
+Index(
+    None,
+    latency_rollups.c.dimension,
+    latency_rollups.c.key,
+    latency_rollups.c.granularity,
+    latency_rollups.c.bucket_ms,
+)
 
 # Contract-wide views (config, pause, tiers, rateClasses, tariffHistory, relayers) as read at start-up
 # and re-read when an event says they changed.

@@ -94,8 +94,15 @@ HEADER_COMPONENTS: dict[str, dict[str, Any]] = {
         "description": "Strong validator of the body, for `If-None-Match`.",
         "schema": {"type": "string"},
     },
+    "PaymentResponse": {
+        "description": "x402 v2 SettleResponse (base64 JSON): the settled payment (`success`, `transaction` = "
+        "the payment's transaction hash, `payer`, `network`, `amount`); `success: false` with `errorReason` "
+        "on a payment that could not settle.",
+        "schema": {"type": "string"},
+    },
     "PaymentRequired": {
-        "description": "x402 v2 PaymentRequired (base64 JSON) pointing at `POST /v1/x402/topup`, built for "
+        "description": "x402 v2 PaymentRequired (base64 JSON): the challenge (`accepts[0]` with asset, network, "
+        "payTo, maxTimeoutSeconds and extra.quoteMac); on NO_ENTITLEMENT it points at `POST /v1/x402/topup`, built for "
         "the transaction's sender.",
         "schema": {"type": "string"},
     },
@@ -156,6 +163,8 @@ def _problem_response(status: int, codes: Iterable[str]) -> dict[str, Any]:
         headers["Retry-After"] = _header_ref("RetryAfter")
     if {"NO_ENTITLEMENT", "PAYMENT_REQUIRED", "INSUFFICIENT_CREDITS"} & set(codes):
         headers["PAYMENT-REQUIRED"] = _header_ref("PaymentRequired")
+    if {"PAYMENT_FAILED", "PAYMENT_INVALID"} & set(codes):
+        headers["PAYMENT-RESPONSE"] = _header_ref("PaymentResponse")
     return {
         "description": "Problem: " + ", ".join(codes) if codes else "Problem",
         "headers": headers,
@@ -265,6 +274,8 @@ def _apply_contract(path: str, operation: dict[str, Any]) -> None:
         if contract.cached:
             headers["Cache-Control"] = _header_ref("CacheControl")
             headers["ETag"] = _header_ref("ETag")
+        if status == "200" and "PAYMENT_FAILED" in statuses.get(402, ()):
+            headers["PAYMENT-RESPONSE"] = _header_ref("PaymentResponse")  # a settled x402 payment
     operation["responses"] = dict(sorted(responses.items()))
 
 

@@ -385,6 +385,12 @@ OPERATIONS.update(
             problems={**_usage_route().problems, 400: ("MALFORMED_REQUEST", "CURSOR_INVALID")},
         ),
         "getUsageSummary": _usage_route(),
+        "getUsageLatency": _usage_route(),
+        "listAccountRelayers": _usage_route(),
+        "listAccountOutages": dataclasses.replace(
+            _usage_route(),
+            problems={**_usage_route().problems, 400: ("MALFORMED_REQUEST", "CURSOR_INVALID")},
+        ),
         "getUsageRow": _usage_route(404),
     }
 )
@@ -458,5 +464,117 @@ OPERATIONS.update(
                 503: (*_PREPARE_COMMON[503], "SWAP_BUDGET_EXHAUSTED"),
             }
         ),
+        "prepareFlags": OperationContract(
+            {**_PREPARE_COMMON, 402: ("NO_ENTITLEMENT",), 409: ("RENEW_NOT_APPLICABLE",)}
+        ),
+        "prepareSenders": OperationContract(
+            {**_PREPARE_COMMON, 402: ("NO_ENTITLEMENT", "INSUFFICIENT_CREDITS")}
+        ),
     }
+)
+
+# x402 (spec: x402 purchase flow). A relay refusal that a retry may cure passes through with its own code
+# (the payment record is dropped, so the same payment id can be retried); the others make the payment
+# PAYMENT_FAILED (or PAYMENT_INVALID when the payment itself did not verify).
+_X402_PAID: Mapping[int, tuple[str, ...]] = {
+    400: ("MALFORMED_REQUEST",),
+    402: ("PAYMENT_REQUIRED", "PAYMENT_INVALID", "PAYMENT_FAILED"),
+    409: ("QUOTE_EXPIRED", "NONCE_IN_FLIGHT", "FREE_FLOW_BUSY"),
+    413: ("PAYLOAD_TOO_LARGE",),
+    422: ("DEPOSIT_BELOW_MIN", "DEPOSIT_ABOVE_MAX", "INSUFFICIENT_SENDER_BALANCE"),
+    429: ("RATE_LIMITED", "TOO_MANY_IN_FLIGHT", "HOURLY_BURN_EXCEEDED", "GAS_BUDGET_EXCEEDED"),
+    500: ("INTERNAL",),
+    503: (
+        "CONTRACT_PAUSED",
+        "SWAP_VENUE_PAUSED",
+        "SWAP_BUDGET_EXHAUSTED",
+        "FREE_FLOW_UNAVAILABLE",
+        "NO_RELAYER_AVAILABLE",
+        "SIGNER_TIMEOUT",
+        "SIGNER_UNAVAILABLE",
+        "SIGNER_FENCED",
+        *_STARTING,
+    ),
+}
+OPERATIONS.update(
+    {
+        "x402Topup": OperationContract(_X402_PAID, security=X402_PAYMENT),
+        "x402Purchase": OperationContract(
+            {
+                **_X402_PAID,
+                409: (*_X402_PAID[409], "QUEUED_BLOCK_EXISTS", "DOWNGRADE_NOT_IMMEDIATE"),
+                422: (*_X402_PAID[422], "TIER_NOT_PURCHASABLE"),
+            },
+            security=X402_PAYMENT,
+        ),
+        "getX402Payment": OperationContract(
+            {
+                400: ("MALFORMED_REQUEST",),
+                402: ("PAYMENT_INVALID", "PAYMENT_FAILED"),
+                404: ("NOT_FOUND",),
+                429: ("RATE_LIMITED",),
+                500: ("INTERNAL",),
+                503: _STARTING,
+            }
+        ),
+        "getX402Supported": OperationContract({429: ("RATE_LIMITED",), 500: ("INTERNAL",), 503: _STARTING}),
+        "getX402Descriptor": OperationContract({429: ("RATE_LIMITED",), 500: ("INTERNAL",), 503: _STARTING}),
+    }
+)
+
+# The starter-kit facade (spec: Compatibility facade, compat rule 4): only 200, 400, 403, 404, 429 and 500;
+# every error is a problem document with the catalogue code and the kit's `error` string.
+_COMPAT_400 = (
+    "MALFORMED_REQUEST",
+    "PAYLOAD_TOO_LARGE",
+    "GAS_PRICE_OUT_OF_RANGE",
+    "GAS_LIMIT_TOO_HIGH",
+    "RELAYER_UNKNOWN",
+    "RELAYER_RETIRED",
+    "RELAYER_SHARD_MISMATCH",
+    "SENDER_SIGNATURE_INVALID",
+    "NONCE_TOO_LOW",
+    "SIMULATION_FAILED",
+    "GAS_OVERPROVISIONED",
+)
+OPERATIONS.update(
+    {
+        "compatHealth": OperationContract({500: ("INTERNAL",)}),
+        "compatRelayerAddress": OperationContract(
+            {404: ("NOT_FOUND",), 500: ("INTERNAL", "NO_RELAYER_AVAILABLE", *_STARTING)}
+        ),
+        "compatRelay": OperationContract(
+            {
+                400: _COMPAT_400,
+                403: ("NO_ENTITLEMENT", "SENDER_NOT_AUTHORIZED"),
+                404: ("NOT_FOUND",),
+                429: ("RATE_LIMITED", "QUOTA_EXHAUSTED", "GAS_BUDGET_EXCEEDED", "TOO_MANY_IN_FLIGHT"),
+                500: ("INTERNAL", "UPSTREAM_UNAVAILABLE", "NO_RELAYER_AVAILABLE", "SIGNER_UNAVAILABLE"),
+            }
+        ),
+    }
+)
+
+# The relayer registry (spec: Registry and status).
+OPERATIONS.update(
+    {
+        "listRelayers": OperationContract(
+            {400: ("MALFORMED_REQUEST",), 429: ("RATE_LIMITED",), 500: ("INTERNAL",), 503: _STARTING},
+            cached=True,
+        ),
+        "getRelayer": OperationContract(
+            {
+                400: ("MALFORMED_REQUEST",),
+                404: ("NOT_FOUND",),
+                429: ("RATE_LIMITED",),
+                500: ("INTERNAL",),
+                503: _STARTING,
+            },
+            cached=True,
+        ),
+    }
+)
+
+OPERATIONS.update(
+    {"getStatus": OperationContract({429: ("RATE_LIMITED",), 500: ("INTERNAL",), 503: _STARTING})}
 )

@@ -270,6 +270,7 @@ class RouteLimitTable:
     account_write: Rate = Rate(1, 5)
     assign_ip: Rate = Rate(10, 10)
     assign_sender: Rate = Rate(2, 10)
+    compat_sender: Rate = Rate(1, 5)  # compat relay: 1 RU/s per sender, burst 5 (a relay takes its RU)
 
     def rate(self, rule: str, rate_class: int | None = None) -> Rate:
         value = getattr(self, rule)
@@ -301,9 +302,11 @@ class RouteLimiter:
         per_class = not isinstance(getattr(self.table, rule), Rate | int)
         return f"{rule}.{rate_class}" if per_class else rule
 
-    async def check(self, rule: str, key: str, scope: str, *, rate_class: int | None = None) -> Decision:
+    async def check(
+        self, rule: str, key: str, scope: str, *, rate_class: int | None = None, cost: float = 1.0
+    ) -> Decision:
         decision = await self.rates.take(
-            self._bucket(rule, rate_class), key, self.table.rate(rule, rate_class)
+            self._bucket(rule, rate_class), key, self.table.rate(rule, rate_class), cost
         )
         if not decision.allowed:
             raise refusal(decision, scope, f"too many requests per {scope}")

@@ -283,6 +283,19 @@ class MirrorRepository:
         async with self.engine.connect() as conn:
             return [dict(r._mapping) for r in await conn.execute(query)]
 
+    async def event_of(self, tx_hash: str, event: str) -> dict[str, Any] | None:
+        """The mirrored contract event `event` emitted by the transaction `tx_hash` (first one), if any."""
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(mirror_purchases)
+                    .where(mirror_purchases.c.tx_hash == tx_hash, mirror_purchases.c.event == event)
+                    .order_by(mirror_purchases.c.seq)
+                    .limit(1)
+                )
+            ).first()
+        return dict(row._mapping) if row is not None else None
+
     async def settlement(self, batch_id: int) -> dict[str, Any] | None:
         async with self.engine.connect() as conn:
             row = (

@@ -148,8 +148,9 @@ class ContractMirror:
     async def pause_state(self) -> Any:
         return await self._cache.get(("pause",), lambda: self._view("getPauseState"), ttl_ms=1_000)
 
-    async def venue_open(self) -> bool:
-        """Whether the exchange venue trades (`getState` is `Active`); no venue configured: open."""
+    async def venue_open(self, *, fresh: bool = False) -> bool:
+        """Whether the exchange venue trades (`getState` is `Active`); no venue configured: open. `fresh`
+        reads the venue now (a payment about to be co-signed), else a view at most 1 000 ms old."""
         if self.pair is None:
             return True
 
@@ -159,7 +160,21 @@ class ContractMirror:
             (state,) = decode_outputs(self._pair_abi, "getState", parts)
             return str(getattr(state, "__name__", state)) == "Active"
 
+        if fresh:
+            return await load()
         return bool(await self._cache.get(("venue",), load, ttl_ms=1_000))
+
+    async def relayer_states(self) -> dict[str, tuple[str, int]]:
+        """Every relayer the contract knows: address -> (state `active`|`draining`|`retired`, since ms).
+        Read now (the relayer pool asks on its own refresh period)."""
+        views = await self._view("getRelayers")
+        items = views[0] if len(views) == 1 and isinstance(views[0], list) else views
+        states: dict[str, tuple[str, int]] = {}
+        for info in items:
+            raw = info.relayer if isinstance(info.relayer, bytes) else info.relayer.get_public_key()
+            name = str(getattr(info.state, "__name__", info.state)).lower()
+            states[address_of(bytes(raw)).to_bech32()] = (name, int(info.since_ms))
+        return states
 
     async def rate_classes(self) -> dict[int, Any]:
         views = await self._cache.get(("rateClasses",), lambda: self._view("getRateClasses"), ttl_ms=10_000)
@@ -209,6 +224,16 @@ class ContractMirror:
             refresh_ahead=lambda found: found[0] is not None,
         )
         return views[0]
+
+    async def has_account(self, address: str) -> bool:
+        """Whether `address` has an account, a cached "no" confirmed by a read now before it is believed
+        (an account created a moment ago, whose event the mirror has not applied yet, is found)."""
+        if await self.account(address) is not None:
+            return True
+        found = (await self._view("getAccount", [parse_address(address).get_public_key()]))[0]
+        if found is not None:
+            self.invalidate(address)
+        return found is not None
 
     async def account_of_sender(self, sender: str) -> str | None:
         """The account that names `sender` as an authorised sender, or None."""

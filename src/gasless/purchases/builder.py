@@ -108,7 +108,7 @@ class CallBuilder:
                 details={"token": self.payment_token, "requiredMicroUsdc": amount, "heldMicroUsdc": held},
             )
 
-    def assignment(self, sender: str, kind: LeaseKind, nonce: int) -> Assignment:
+    def assignment(self, sender: str, kind: LeaseKind, nonce: int | None) -> Assignment:
         return self.assign.issue(sender, kind, pin_nonce=nonce)
 
     async def build(
@@ -124,7 +124,9 @@ class CallBuilder:
         nonce, guardian = await asyncio.gather(self.next_nonce(sender), self.guardian_of(sender))
         await self.require_funds(sender, sum(call.payment_amount for call in calls))
         free_lease = kinds[0][0]
-        assignment = self.assignment(sender, "free" if free_lease else "std", nonce)
+        # One call: the lease pins its nonce; several: one lease serves the consecutive nonces.
+        pin = nonce if len(calls) == 1 else None
+        assignment = self.assignment(sender, "free" if free_lease else "std", pin)
         relayer = parse_address(assignment.relayer)
         prepared = []
         for index, call in enumerate(calls):

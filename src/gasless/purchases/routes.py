@@ -13,6 +13,9 @@ from gasless.purchases.schemas import (
     PrepareDepositRequest,
     PreparedPurchase,
     PreparedTransaction,
+    PreparedTransactions,
+    PrepareFlagsRequest,
+    PrepareSendersRequest,
     PrepareSubscribeRequest,
 )
 
@@ -49,4 +52,28 @@ async def prepare_subscribe(request: Request, body: PrepareSubscribeRequest) -> 
 )
 async def prepare_deposit(request: Request, body: PrepareDepositRequest) -> PreparedTransaction:
     prepared: PreparedTransaction = await purchases(request).prepare_deposit(body)
+    return prepared
+
+
+@router.post(
+    "/v1/flags/prepare",
+    operation_id="prepareFlags",
+    response_model=PreparedTransactions,
+    dependencies=[PREPARE],
+    summary="Unsigned setAutoRenew / setPayg / releaseEscrow / renew calls, one per change, consecutive nonces",
+)
+async def prepare_flags(request: Request, body: PrepareFlagsRequest) -> PreparedTransactions:
+    prepared: PreparedTransactions = await purchases(request).prepare_flags(body)
+    return prepared
+
+
+@router.post(
+    "/v1/senders/prepare",
+    operation_id="prepareSenders",
+    response_model=PreparedTransaction,
+    dependencies=[PREPARE],
+    summary="The unsigned addSenders (billed, with its fee ceiling) or removeSenders (free) call",
+)
+async def prepare_senders(request: Request, body: PrepareSendersRequest) -> PreparedTransaction:
+    prepared: PreparedTransaction = await purchases(request).prepare_senders(body)
     return prepared

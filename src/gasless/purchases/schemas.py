@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gasless.http.formats import DECIMAL_PATTERN, AddressDoc, CheckedAddress
 from gasless.relay.schemas import Assignment
@@ -21,7 +21,16 @@ MicroUsdcAmount = Annotated[int, Field(ge=0, le=2**53 - 1, description="micro-US
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: a boolean is not an amount and a string is not a number (JSON types as documented); a JSON
+    # number with an integral value (5.0) is the integer it names, as JSON Schema's `integer` says.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _integral_numbers(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: int(v) if isinstance(v, float) and v.is_integer() else v for k, v in data.items()}
+        return data
 
 
 class PrepareSubscribeRequest(_Request):
@@ -57,7 +66,19 @@ class PaygChange(_Request):
 
 class PrepareFlagsRequest(_Request):
     """One unsigned transaction per requested change, in this order: autoRenew, payg, releaseEscrow,
-    renew."""
+    renew. At least one change (else 400 MALFORMED_REQUEST)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": ["autoRenew"], "properties": {"autoRenew": {"type": "boolean"}}},
+                {"required": ["payg"], "properties": {"payg": {"type": "object"}}},
+                {"required": ["releaseEscrow"], "properties": {"releaseEscrow": {"const": True}}},
+                {"required": ["renew"], "properties": {"renew": {"const": True}}},
+                {"required": ["renewFor"], "properties": {"renewFor": {"type": "string"}}},
+            ]
+        }
+    )
 
     address: CheckedAddress = Field(description="the account (it signs every transaction)")
     autoRenew: bool | None = Field(default=None, description="setAutoRenew(enabled)")
@@ -71,6 +92,23 @@ class PrepareFlagsRequest(_Request):
 
 
 class PrepareSendersRequest(_Request):
+    """Senders to add (addSenders) or to remove (removeSenders): one of the two, not both."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "oneOf": [
+                {
+                    "required": ["add"],
+                    "properties": {"add": {"minItems": 1}, "remove": {"maxItems": 0}},
+                },
+                {
+                    "required": ["remove"],
+                    "properties": {"remove": {"minItems": 1}, "add": {"maxItems": 0}},
+                },
+            ]
+        }
+    )
+
     account: CheckedAddress = Field(description="the account (it signs)")
     add: list[CheckedAddress] = Field(default_factory=list, max_length=MAX_SENDERS)
     remove: list[CheckedAddress] = Field(default_factory=list, max_length=MAX_SENDERS)

@@ -10,12 +10,12 @@ DOWNGRADE_NOT_IMMEDIATE, INSUFFICIENT_CREDITS, PRICE_ABOVE_MAX).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from multiversx_sdk import Address
 
-from gasless.billing.entitlement import payment_required_header
+from gasless.billing.policy import FLAG_FUNCTIONS
 from gasless.billing.schedule import ru_for_gas_limit
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
 from gasless.errors import ApiError
@@ -27,11 +27,15 @@ from gasless.purchases.schemas import (
     PrepareDepositRequest,
     PreparedPurchase,
     PreparedTransaction,
+    PreparedTransactions,
+    PrepareFlagsRequest,
+    PrepareSendersRequest,
     PrepareSubscribeRequest,
     PurchaseQuote,
 )
 
 DAY_MS = 86_400_000  # the contract's swap budget window
+RENEW_WINDOW_MS = DAY_MS  # the contract's: renew() applies once the running block ends within a day
 BPS = 10_000
 
 
@@ -46,6 +50,16 @@ def purchase_terms(payer: str, tier_id: int, months: int, price: int) -> dict[st
     }
 
 
+class PurchaseChallenges(Protocol):
+    """The x402 challenge a refusal points at (gasless.x402.challenges.X402Challenges)."""
+
+    def purchase_header(
+        self, payer: str, tier_id: int, months: int, price: int, amount: int, *, error: str
+    ) -> str: ...
+
+    def topup_header(self, payer: str, amount: int, *, error: str) -> str: ...
+
+
 class PurchaseService:
     def __init__(
         self,
@@ -53,13 +67,17 @@ class PurchaseService:
         builder: CallBuilder,
         quotes: QuoteSigner,
         *,
-        base_url: str,
+        challenges: PurchaseChallenges | None = None,
+        flag_calls: Callable[[str], Awaitable[tuple[int, int]]] | None = None,
+        flag_limits: tuple[int, int] = (10, 30),
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.mirror = mirror
         self.builder = builder
         self.quotes = quotes
-        self.base_url = base_url
+        self.challenges = challenges
+        self.flag_calls = flag_calls  # the account's free flag calls in 24 h and 30 days (billing/gate)
+        self.flag_limits = flag_limits  # free flag calls per 24 h and per 30 days
         self.clock = clock
 
     def now_ms(self) -> int:
@@ -88,8 +106,9 @@ class PurchaseService:
         items = views[0] if len(views) == 1 and isinstance(views[0], list) else views
         return {int(tier.id): tier for tier in items}
 
-    async def require_open(self, *, deposit: bool) -> None:
-        """CONTRACT_PAUSED (global, or deposits for a deposit), then SWAP_VENUE_PAUSED for a deposit."""
+    async def require_open(self, *, deposit: bool, fresh: bool = False) -> None:
+        """CONTRACT_PAUSED (global, or deposits for a deposit), then SWAP_VENUE_PAUSED for a deposit (`fresh`:
+        the venue read now, as before a co-signature)."""
         pause = (await self._read("getPauseState"))[0]
         if pause.paused or (deposit and pause.deposits_paused):
             scope = "global" if pause.paused else "deposits"
@@ -100,7 +119,7 @@ class PurchaseService:
             )
         if deposit:
             try:
-                open_ = await self.mirror.venue_open()
+                open_ = await self.mirror.venue_open(fresh=fresh)
             except (GatewayUnavailable, GatewayRejected) as exc:
                 raise ApiError("UPSTREAM_UNAVAILABLE", detail="the exchange venue could not be read") from exc
             if not open_:
@@ -163,25 +182,35 @@ class PurchaseService:
         return self._priced(prepared[0])
 
     # Plans ------------------------------------------------------------------------------------------------
-    async def prepare_subscribe(self, request: PrepareSubscribeRequest) -> PreparedPurchase:
+    async def plan_price(
+        self, payer: str, tier_id: int, months: int, max_price: int | None = None
+    ) -> tuple[int, Any | None]:
+        """The price of `months` of tier `tier_id` for `payer`, refused as the contract would refuse the
+        purchase (TIER_NOT_PURCHASABLE, PRICE_ABOVE_MAX, the placement rules); with the payer's account."""
         tiers = await self.tiers()
-        tier = tiers.get(request.tierId)
+        tier = tiers.get(tier_id)
         if tier is None or not bool(tier.purchasable):
             raise ApiError(
                 "TIER_NOT_PURCHASABLE",
-                detail=f"tier {request.tierId} cannot be bought now (see `available` in GET /v1/pricing)",
-                details={"tierId": request.tierId},
+                detail=f"tier {tier_id} cannot be bought now (see `available` in GET /v1/pricing)",
+                details={"tierId": tier_id},
             )
-        price = int(tier.price_micro) * request.months
-        if request.maxPriceMicroUsdc is not None and price > request.maxPriceMicroUsdc:
+        price = int(tier.price_micro) * months
+        if max_price is not None and price > max_price:
             raise ApiError(
                 "PRICE_ABOVE_MAX",
-                detail=f"the price is {price} micro-USDC, above the {request.maxPriceMicroUsdc} asked for",
-                details={"priceMicroUsdc": price, "maxPriceMicroUsdc": request.maxPriceMicroUsdc},
+                detail=f"the price is {price} micro-USDC, above the {max_price} asked for",
+                details={"priceMicroUsdc": price, "maxPriceMicroUsdc": max_price},
             )
-        account = await self.account_view(request.payer)
-        credits = int(account.credits_micro) if account is not None else 0
+        account = await self.account_view(payer)
         self._check_placement(account, tier, tiers)
+        return price, account
+
+    async def prepare_subscribe(self, request: PrepareSubscribeRequest) -> PreparedPurchase:
+        price, account = await self.plan_price(
+            request.payer, request.tierId, request.months, request.maxPriceMicroUsdc
+        )
+        credits = int(account.credits_micro) if account is not None else 0
         pay_with = request.payWith
         if pay_with == "auto":
             pay_with = "credits" if credits >= price else "usdc"
@@ -191,14 +220,7 @@ class PurchaseService:
                 detail=f"the account's credits ({credits} micro-USDC) do not cover the price ({price}); top "
                 "up, or pay with USDC",
                 details={"creditsMicroUsdc": credits, "priceMicroUsdc": price},
-                headers={
-                    "PAYMENT-REQUIRED": payment_required_header(
-                        request.payer,
-                        chain_id=self.quotes.keys.chain_id,
-                        base_url=self.base_url,
-                        payment_token=self.builder.payment_token,
-                    )
-                },
+                headers=await self._purchase_challenge(request.payer, request.tierId, request.months, price),
             )
         deposit = 0
         config = await self.config()
@@ -230,6 +252,177 @@ class PurchaseService:
             feeMicroUsdc=0,
             payWith=pay_with,
         )
+
+    async def x402_amount(self, price: int) -> int:
+        """What an x402 purchase attaches: the whole price, at least the deposit minimum."""
+        return max(price, int((await self.config()).deposit_min_micro), 1)
+
+    async def _purchase_challenge(self, payer: str, tier_id: int, months: int, price: int) -> dict[str, str]:
+        """The `PAYMENT-REQUIRED` header of the same plan bought over x402 (POST /v1/x402/purchase)."""
+        if self.challenges is None:
+            return {}
+        amount = await self.x402_amount(price)
+        header = self.challenges.purchase_header(
+            payer, tier_id, months, price, amount, error="INSUFFICIENT_CREDITS"
+        )
+        return {"PAYMENT-REQUIRED": header}
+
+    # Flags ------------------------------------------------------------------------------------------------
+    async def require_account(self, address: str) -> Any:
+        """The address's own account view; 402 NO_ENTITLEMENT (NO_ACCOUNT) with a top-up challenge when none."""
+        account = await self.account_view(address)
+        if account is not None:
+            return account
+        headers: dict[str, str] = {}
+        if self.challenges is not None:
+            minimum = max(int((await self.config()).deposit_min_micro), 1)
+            headers["PAYMENT-REQUIRED"] = self.challenges.topup_header(
+                address, minimum, error="NO_ENTITLEMENT"
+            )
+        raise ApiError(
+            "NO_ENTITLEMENT",
+            detail=f"{address} has no account in the contract: deposit or buy a plan first",
+            details={"reason": "NO_ACCOUNT"},
+            headers=headers,
+        )
+
+    def renew_outcome(self, account: Any | None, tiers: dict[int, Any]) -> str | None:
+        """What `renew` would do now, as the contract decides it: None when it renews, else why not."""
+        if account is None:
+            return "no_account"
+        running = account.running
+        now = self.now_ms()
+        if running is None or int(running.end_ms) == 0:
+            return "no_running_plan"
+        if account.queued is not None:
+            return "queued_block_exists"
+        if not bool(account.auto_renew):
+            return "auto_renew_off"
+        if int(running.end_ms) - now > RENEW_WINDOW_MS:
+            return "not_due"  # more than a day of the running block left
+        tier = tiers.get(int(running.tier_id))
+        price = int(tier.price_micro) * int(running.months) if tier is not None else 0
+        if bool(account.suspended):
+            return "skipped_account_suspended"
+        if tier is None or not bool(tier.purchasable) or int(tier.period_ms) == 0:
+            return "skipped_tier_unavailable"
+        if int(account.credits_micro) < price:
+            return "skipped_insufficient_credits"
+        return None
+
+    async def prepare_flags(self, request: PrepareFlagsRequest) -> PreparedTransactions:
+        """One transaction per change: setAutoRenew, setPayg, releaseEscrow, renew (in that order)."""
+        address = request.address
+        calls: list[Call] = []
+        if request.autoRenew is not None:
+            calls.append(Call("setAutoRenew", [request.autoRenew], [request.autoRenew]))
+        if request.payg is not None:
+            payg = request.payg
+            calls.append(
+                Call(
+                    "setPayg",
+                    [payg.enabled, payg.budgetMicroUsdc, payg.autoTopup, payg.maxPaygPriceMicroUsdc],
+                    [
+                        payg.enabled,
+                        str(payg.budgetMicroUsdc),
+                        payg.autoTopup,
+                        str(payg.maxPaygPriceMicroUsdc),
+                    ],
+                )
+            )
+        if request.releaseEscrow:
+            calls.append(Call("releaseEscrow", [], []))
+        target = request.renewFor or address
+        if request.renew or request.renewFor is not None:
+            calls.append(Call("renew", [Address.new_from_bech32(target)], [target]))
+        if not calls:
+            raise ApiError(
+                "MALFORMED_REQUEST",
+                detail="name at least one change: autoRenew, payg, releaseEscrow or renew",
+                details={"field": "body"},
+            )
+        await self.require_open(deposit=False)
+        account = await self.require_account(address)
+        if any(call.function == "renew" for call in calls):
+            renewed = account if target == address else await self.account_view(target)
+            outcome = self.renew_outcome(renewed, await self.tiers())
+            if outcome is not None:
+                raise ApiError(
+                    "RENEW_NOT_APPLICABLE",
+                    detail=f"renewing {target} now would do nothing ({outcome.replace('_', ' ')})",
+                    details={"predictedOutcome": outcome, "account": target},
+                )
+        config = await self.config()
+        free_ops = self.free_operations(config)
+        day, month = await self.flag_calls(address) if self.flag_calls is not None else (0, 0)
+        per_day, per_month = self.flag_limits
+        kinds: list[tuple[bool, int | None]] = []
+        for call in calls:
+            own = call.function != "renew" or target == address
+            free = call.function in free_ops and own and day < per_day and month < per_month
+            if free and call.function in FLAG_FUNCTIONS:
+                day, month = day + 1, month + 1
+            kinds.append((free, None))
+        prepared, assignment = await self.builder.build(address, calls, kinds=kinds)
+        return PreparedTransactions(
+            transactions=[self._priced(one) for one in prepared], assignment=assignment
+        )
+
+    # Senders ----------------------------------------------------------------------------------------------
+    async def prepare_senders(self, request: PrepareSendersRequest) -> PreparedTransaction:
+        """addSenders(max_fee, senders...) with the quoted fee as the ceiling (billed), or removeSenders."""
+        if bool(request.add) == bool(request.remove):
+            raise ApiError(
+                "MALFORMED_REQUEST",
+                detail="one transaction per request: name senders to `add` or to `remove`, not both",
+                details={"field": "add" if not request.add else "remove"},
+            )
+        await self.require_open(deposit=False)
+        account = await self.require_account(request.account)
+        config = await self.config()
+        if request.remove:
+            current = set(await self.mirror.senders(request.account))
+            strangers = [s for s in request.remove if s not in current]
+            if strangers:
+                raise ApiError(
+                    "MALFORMED_REQUEST",
+                    detail=f"{strangers[0]} is not an authorised sender of {request.account}",
+                    details={"field": "remove"},
+                )
+            senders = list(dict.fromkeys(request.remove))
+            call = Call("removeSenders", [[Address.new_from_bech32(s) for s in senders]], senders)
+            free = call.function in self.free_operations(config)
+            prepared, _ = await self.builder.build(request.account, [call], kinds=[(free, None)])
+            return self._priced(prepared[0])
+        current = set(await self.mirror.senders(request.account))
+        new = [s for s in dict.fromkeys(request.add) if s not in current and s != request.account]
+        fee = int(config.sender_fee_ru) * int(config.ru_price_micro) * len(new)
+        credits = int(account.credits_micro)
+        if credits < fee:
+            raise ApiError(
+                "INSUFFICIENT_CREDITS",
+                detail=f"adding {len(new)} sender(s) costs {fee} micro-USDC of credits; the account holds "
+                f"{credits}: top up first",
+                details={"creditsMicroUsdc": credits, "priceMicroUsdc": fee},
+                headers=(
+                    {
+                        "PAYMENT-REQUIRED": self.challenges.topup_header(
+                            request.account, fee - credits, error="INSUFFICIENT_CREDITS"
+                        )
+                    }
+                    if self.challenges is not None
+                    else {}
+                ),
+            )
+        senders = list(dict.fromkeys(request.add))
+        call = Call(
+            "addSenders",
+            [fee, [Address.new_from_bech32(s) for s in senders]],
+            [str(fee), *senders],
+        )
+        # Never free: billed as a normal relay, and the contract charges the fee (at most max_fee).
+        prepared, _ = await self.builder.build(request.account, [call], kinds=[(False, None)], fees=[fee])
+        return self._priced(prepared[0])
 
     def purchase_quote(
         self, quote: SignedQuote, payer: str, tier_id: int, months: int, price: int

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gasless.relay.schemas import Intent, IntentLatency
+from gasless.billing.policy import CONTRACT_FAILURES
+from gasless.relay.schemas import Intent, IntentFailure, IntentLatency
 
 TERMINAL = ("FINALIZED", "DEAD", "REJECTED")
 
@@ -66,8 +67,15 @@ def intent_from_row(row: Any, round_ms: int) -> Intent:
         gasPrice=int(row.gas_price),
         outcome=row.outcome,
         deadReason=row.dead_reason,
+        failure=failure_of(getattr(row, "failure", None)),
         replacedBy=row.replaced_by,
     )
+
+
+def failure_of(message: str | None) -> IntentFailure | None:
+    if not message:
+        return None
+    return IntentFailure(code=CONTRACT_FAILURES.get(message), message=message)
 
 
 def rejected_intent(row: Any, round_ms: int) -> Intent:

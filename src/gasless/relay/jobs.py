@@ -8,10 +8,12 @@ or dead (its nonce was taken by a replacement or by another transaction of the s
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import structlog
 from sqlalchemy import ColumnElement, and_
@@ -42,6 +44,13 @@ class SentIntent:
         self.ack_ms: asyncio.Future[int | None] = asyncio.get_running_loop().create_future()
 
 
+def gateway_name(url: str) -> str:
+    """A gateway as recorded and published: scheme, host and port, never credentials or a path."""
+    parts = urlsplit(url)
+    host = parts.hostname or url
+    return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "") if parts.scheme else url
+
+
 class Broadcaster:
     def __init__(self, gateway: GatewayClient, repo: IntentRepository, bus: IntentBus) -> None:
         self.gateway = gateway
@@ -51,6 +60,7 @@ class Broadcaster:
         self.sending: set[int] = set()  # intents with a send still waiting for its first answer
         self.on_update: Callable[[Rec], None] | None = None
         self._acks: dict[int, int] = {}  # first acknowledgements waiting to be written (pk -> ms)
+        self._ack_gateways: dict[int, str] = {}  # ... and the gateway that gave each
         self._ack_writer: asyncio.Task[None] | None = None
 
     def send(self, pk: int, wire: dict[str, Any], tx_hash: str) -> SentIntent:
@@ -81,6 +91,8 @@ class Broadcaster:
         # Acknowledgements are written in groups (group commit): whatever arrived while the previous
         # write ran goes into the next one, so a burst of relays costs a few writes, not one each.
         self._acks[pk] = ack_ms
+        if result.url:
+            self._ack_gateways[pk] = gateway_name(result.url)
         if self._ack_writer is None or self._ack_writer.done():
             self._ack_writer = asyncio.create_task(self._write_acks())
             self._tasks.add(self._ack_writer)
@@ -89,8 +101,9 @@ class Broadcaster:
     async def _write_acks(self) -> None:
         while self._acks:
             acks, self._acks = self._acks, {}
+            gateways, self._ack_gateways = self._ack_gateways, {}
             try:
-                rows, _ = await self.repo.record_acks(acks)
+                rows, _ = await self.repo.record_acks(acks, gateways)
             except Exception as exc:  # the tracker repairs state from the chain; never lose the task silently
                 log.warning("could not record acknowledgements", count=len(acks), error=type(exc).__name__)
                 continue
@@ -252,7 +265,8 @@ class Tracker(Worker):
             final = self.network.meta_highest_final_nonce
             if row.state in ("COSIGNED", "BROADCAST"):
                 executed_ts = int(chain_tx.get("timestampMs") or int(chain_tx.get("timestamp") or 0) * 1000)
-                batch.executed(row, executed_ts or None, status)
+                failure = contract_failure(chain_tx) if status == "fail" else None
+                batch.executed(row, executed_ts or None, status, failure)
                 self._rivals_of(row, batch, now)
             if hyper > 0 and final is not None and hyper <= final:
                 batch.finalize([int(row.pk)], now)
@@ -357,15 +371,15 @@ class _Batch:
     executions first, then the rivals they kill, then finalizations, then other deaths."""
 
     def __init__(self) -> None:
-        self._executed: dict[tuple[int | None, str], list[int]] = {}
+        self._executed: dict[tuple[int | None, str, str | None], list[int]] = {}
         self._replaced: list[tuple[ColumnElement[bool], dict[str, Any]]] = []
         self._final: list[int] = []
         self._dead: list[tuple[ColumnElement[bool], dict[str, Any]]] = []
         self.expected: set[int] = set()  # pks a change targets directly (re-read when it did not apply)
         self._final_at = 0
 
-    def executed(self, row: Rec, block_ts_ms: int | None, outcome: str) -> None:
-        self._executed.setdefault((block_ts_ms, outcome), []).append(int(row.pk))
+    def executed(self, row: Rec, block_ts_ms: int | None, outcome: str, failure: str | None = None) -> None:
+        self._executed.setdefault((block_ts_ms, outcome, failure), []).append(int(row.pk))
         self.expected.add(int(row.pk))
 
     def replaced(self, winner: Rec, now: int) -> None:
@@ -402,13 +416,11 @@ class _Batch:
     @property
     def changes(self) -> list[tuple[ColumnElement[bool], dict[str, Any]]]:
         out: list[tuple[ColumnElement[bool], dict[str, Any]]] = []
-        for (block_ts_ms, outcome), pks in self._executed.items():
-            out.append(
-                (
-                    and_(intents.c.pk.in_(pks), intents.c.state.in_(("COSIGNED", "BROADCAST"))),
-                    {"state": "EXECUTED", "executed_block_ts_ms": block_ts_ms, "outcome": outcome},
-                )
-            )
+        for (block_ts_ms, outcome, failure), pks in self._executed.items():
+            values = {"state": "EXECUTED", "executed_block_ts_ms": block_ts_ms, "outcome": outcome}
+            if failure is not None:
+                values["failure"] = failure
+            out.append((and_(intents.c.pk.in_(pks), intents.c.state.in_(("COSIGNED", "BROADCAST"))), values))
         out.extend(self._replaced)
         if self._final:
             out.append(
@@ -435,3 +447,21 @@ class Retention(Worker):
             except Exception as exc:
                 log.warning("retention run failed", error=type(exc).__name__)
             await asyncio.sleep(self.every_ms / 1000)
+
+
+def contract_failure(chain_tx: dict[str, Any]) -> str | None:
+    """The error a failed execution signalled (the `signalError` event's second topic, as the node reports
+    it), else the first smart-contract result's return message; None when the chain says nothing."""
+    for event in (chain_tx.get("logs") or {}).get("events") or []:
+        if event.get("identifier") == "signalError":
+            topics = event.get("topics") or []
+            if len(topics) > 1 and topics[1]:
+                try:
+                    return base64.b64decode(topics[1]).decode("utf-8", "replace")[:64]
+                except ValueError:
+                    continue
+    for result in chain_tx.get("smartContractResults") or []:
+        message = result.get("returnMessage")
+        if message:
+            return str(message)[:64]
+    return None

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hashlib
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import structlog
@@ -46,12 +47,14 @@ class RelayerPool:
         *,
         min_balance_atto: int,
         refresh_ms: int = 5_000,
+        chain_states: Callable[[], Awaitable[dict[str, tuple[str, int]]]] | None = None,
     ) -> None:
         self.engine = engine
         self.gateway = gateway
         self.keys = {key.bech32: key for key in keys}
         self.min_balance_atto = min_balance_atto
         self.refresh_ms = refresh_ms
+        self.chain_states = chain_states  # the contract's relayer states (the authority), when configured
         self._info: dict[str, RelayerInfo] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -96,7 +99,8 @@ class RelayerPool:
                     )
 
     async def refresh(self) -> None:
-        """Re-read states from the database and balances from the chain."""
+        """Re-read states (the contract's, written through to the database) and balances from the chain."""
+        await self._follow_contract()
         async with self.engine.connect() as conn:
             rows = (await conn.execute(select(relayers))).all()
         states = {row.address: row for row in rows if row.address in self.keys}
@@ -128,6 +132,44 @@ class RelayerPool:
                             balance_atto=info.balance_atto,
                             balance_checked_at_ms=now,
                             updated_at_ms=now,
+                        )
+                    )
+
+    async def _follow_contract(self) -> None:
+        """Write the contract's relayer states into the database rows (with a history entry per move), so
+        every host and the registry agree with the chain. A contract that cannot be read keeps the rows."""
+        if self.chain_states is None:
+            return
+        try:
+            on_chain = await self.chain_states()
+        except Exception as exc:  # a gateway blip: the last known states stay in force
+            log.warning("relayer states unreadable from the contract", error=type(exc).__name__)
+            return
+        async with self.engine.connect() as conn:
+            rows = {row.address: row for row in (await conn.execute(select(relayers))).all()}
+        moves = [
+            (address, str(rows[address].state), state, since)
+            for address, (state, since) in on_chain.items()
+            if address in rows and state in ("active", "draining", "retired") and state != rows[address].state
+        ]
+        if not moves:
+            return
+        now = int(time.time() * 1000)
+        async with begin_write(self.engine) as conn:
+            for address, before, after, since in moves:
+                result = await conn.execute(
+                    update(relayers)
+                    .where(relayers.c.address == address, relayers.c.state == before)
+                    .values(state=after, updated_at_ms=now)
+                )
+                if result.rowcount:  # another host may have written the same move first
+                    await conn.execute(
+                        relayer_state_history.insert().values(
+                            relayer_address=address,
+                            from_state=before,
+                            to_state=after,
+                            reason="contract",
+                            at_ms=since or now,
                         )
                     )
 

@@ -348,12 +348,15 @@ class IntentRepository:
 
         return await run_write(self.engine, write)
 
-    async def record_acks(self, acks: Mapping[int, int]) -> tuple[list[Rec], list[int]]:
-        """First acknowledgements (pk -> ack ms) in one write: co-signed rows become BROADCAST; rows already
-        past COSIGNED only count the send. Returns the rows that became BROADCAST (without `tx`) and the
-        other pks."""
+    async def record_acks(
+        self, acks: Mapping[int, int], gateways: Mapping[int, str] | None = None
+    ) -> tuple[list[Rec], list[int]]:
+        """First acknowledgements (pk -> ack ms, and pk -> the acknowledging gateway) in one write: co-signed
+        rows become BROADCAST; rows already past COSIGNED only count the send. Returns the rows that became
+        BROADCAST (without `tx`) and the other pks."""
         pks = list(acks)
         at = case(acks, value=intents.c.pk)
+        gateway = case(dict(gateways), value=intents.c.pk) if gateways else None
 
         def write(conn: Connection) -> tuple[list[Rec], list[int]]:
             result = conn.execute(
@@ -362,6 +365,7 @@ class IntentRepository:
                 .values(
                     state="BROADCAST",
                     broadcast_at_ms=at,
+                    **({"first_ack_gateway": gateway} if gateway is not None else {}),
                     last_sent_at_ms=at,
                     send_attempts=intents.c.send_attempts + 1,
                     seq=intents.c.seq + 1,

@@ -39,6 +39,7 @@ from gasless.relay.schemas import (
     ValidateResponse,
 )
 from gasless.relay.validate import validate_submission
+from gasless.usage.latency import SHARD_WINDOW_MS, shard_figures
 
 STREAM_LIFETIME_MS = 120_000
 STREAM_POLL_S = 0.5  # re-read the row this often: changes made on the other host reach the stream too
@@ -74,6 +75,9 @@ async def limit_quote(request: Request) -> None:
 
 
 QUOTE = Depends(limit_quote)
+
+NATIVE_AUTH_MAX_TTL_MS = 86_400_000
+STALLED_ROUNDS = 10  # a shard whose newest block is older than this many rounds is stalled
 
 router = api_router(tags=["relay"])
 IntentOrHashPath = Annotated[IntentIdOrTxHash, Path(description="an IntentId or a TxHash")]
@@ -369,7 +373,54 @@ async def network(request: Request) -> Response:
             "blockNonce": latest[1] if latest else None,
             "blockTimestampMs": latest[2] if latest else None,
             "origins": settings.effective_native_auth_origins,
-            "maxTtlSeconds": 86_400,
+            "maxTtlMs": NATIVE_AUTH_MAX_TTL_MS,
         },
+        **await _network_state(host),
+        "shards": await _shards(host, view, params),
     }
     return cached_json(request, document, cache_control=NETWORK_CACHE)
+
+
+async def _network_state(host: Any) -> dict[str, Any]:
+    """The contract's pause state and the exchange venue's, as read (null where not configured)."""
+    mirror = host.mirror
+    if mirror is None or mirror.contract is None:
+        return {"contractPause": None, "swapVenue": None}
+    try:
+        pause = (await mirror.pause_state())[0]
+        venue = await mirror.venue_open() if mirror.pair is not None else None
+    except (GatewayUnavailable, GatewayRejected) as exc:
+        raise ApiError(
+            "UPSTREAM_UNAVAILABLE", detail="the contract could not be read", details={"retryAfterMs": 1_000}
+        ) from exc
+    return {
+        "contractPause": {"paused": bool(pause.paused), "depositsPaused": bool(pause.deposits_paused)},
+        "swapVenue": None if venue is None else {"state": "active" if venue else "paused"},
+    }
+
+
+async def _shards(host: Any, view: Any, params: Any) -> list[dict[str, Any]]:
+    now = int(time.time() * 1000)
+    measured = await shard_figures(host.rollups, now) if host.rollups is not None else {}
+    chain_now = now + (view.clock_offset_ms() or 0)
+    shards = []
+    for shard in range(params.num_shards):
+        status = view.status(shard)
+        last = status.block_ts_ms if status is not None else None
+        figures = measured.get(str(shard), {})
+        shards.append(
+            {
+                "shard": shard,
+                "addedP50Ms": figures.get("addedP50Ms"),
+                "addedP99Ms": figures.get("addedP99Ms"),
+                "inclusionP50Ms": figures.get("inclusionP50Ms"),
+                "inclusionP95Ms": figures.get("inclusionP95Ms"),
+                "inclusionP99Ms": figures.get("inclusionP99Ms"),
+                "samples": figures.get("samples", 0),
+                "windowMs": SHARD_WINDOW_MS,
+                "lastBlockTsMs": last,
+                "stalled": last is None or chain_now - last > STALLED_ROUNDS * params.round_duration_ms,
+                "relays24h": figures.get("relays24h", 0),
+            }
+        )
+    return shards

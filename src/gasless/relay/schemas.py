@@ -133,6 +133,13 @@ class IntentLatency(BaseModel):
     roundsToInclusion: int | None = None
 
 
+class IntentFailure(BaseModel):
+    """The contract's error of a failed execution and, when it names a catalogue condition, its code."""
+
+    code: str | None = Field(description="catalogue code (e.g. PRICE_ABOVE_MAX), null when none applies")
+    message: str = Field(description="the error the chain reported (e.g. ERR_PRICE_ABOVE_MAX)")
+
+
 class Intent(BaseModel):
     """One relayed transaction's status, keyed by sender and nonce."""
 
@@ -157,6 +164,9 @@ class Intent(BaseModel):
         default=None, description="execution status on chain once executed"
     )
     deadReason: str | None = None
+    failure: IntentFailure | None = Field(
+        default=None, description="why a failed execution failed (outcome `fail`), when the chain says"
+    )
     replacedBy: str | None = None
     rejection: dict[str, Any] | None = Field(
         default=None, description="code and detail of a REJECTED submission"
@@ -296,7 +306,33 @@ class NetworkNativeAuth(BaseModel):
     blockNonce: int | None
     blockTimestampMs: int | None
     origins: list[str]
-    maxTtlSeconds: int
+    maxTtlMs: int = Field(description="the longest token lifetime this host accepts")
+
+
+class NetworkShard(BaseModel):
+    """Measured figures of one shard (never estimated): latency over `windowMs` from the rollups, with the
+    number of intents measured; null when nothing was measured."""
+
+    shard: int
+    addedP50Ms: int | None
+    addedP99Ms: int | None
+    inclusionP50Ms: int | None
+    inclusionP95Ms: int | None
+    inclusionP99Ms: int | None
+    samples: int = Field(description="intents measured in the window")
+    windowMs: int
+    lastBlockTsMs: int | None = Field(description="the shard's newest block (chain time)")
+    stalled: bool = Field(description="no new block for more than 10 rounds")
+    relays24h: int = Field(description="terminal intents of the shard in the last 24 h")
+
+
+class NetworkPause(BaseModel):
+    paused: bool = Field(description="the contract's global pause (getPauseState)")
+    depositsPaused: bool
+
+
+class NetworkVenue(BaseModel):
+    state: Literal["active", "paused"]
 
 
 class Network(BaseModel):
@@ -313,3 +349,6 @@ class Network(BaseModel):
     gasPerDataByte: int
     maxGasPerTx: int
     nativeAuth: NetworkNativeAuth
+    contractPause: NetworkPause | None = Field(description="null when no billing contract is configured")
+    swapVenue: NetworkVenue | None = Field(description="null when no exchange venue is configured")
+    shards: list[NetworkShard]

@@ -85,6 +85,19 @@ def stored_response(row: Rec, round_ms: int, *, duplicate: bool) -> tuple[int, R
     return (202 if intent.state == "COSIGNED" else 200), response
 
 
+@dataclass(frozen=True)
+class RelayMode:
+    """A route's own rules on the one relay core: the compat facade simulates always and accepts a draining
+    same-shard relayer; `route` is recorded with the intent's billing (and its usage row)."""
+
+    route: str = "native"
+    simulate_always: bool = False
+    accept_draining: bool = False
+
+
+NATIVE = RelayMode()
+
+
 class RelayService:
     def __init__(
         self,
@@ -135,9 +148,10 @@ class RelayService:
         request_id: str,
         received_ms: int,
         report: Callable[[Decision], None] | None = None,
+        mode: RelayMode = NATIVE,
     ) -> tuple[int, RelayResponse]:
         """`sponsor` is the verified sponsor key (SponsorKey) or None; `report` receives the rate-class
-        decision of an admitted relay (its RateLimit-* headers)."""
+        decision of an admitted relay (its RateLimit-* headers); `mode` the route's own rules (compat)."""
         body = parse_json_body(raw)
         try:
             parsed = parse_relay_body(body, idempotency_key)
@@ -148,7 +162,12 @@ class RelayService:
             raise
         try:
             return await self._relay(
-                parsed, sponsor=sponsor, request_id=request_id, received_ms=received_ms, report=report
+                parsed,
+                sponsor=sponsor,
+                request_id=request_id,
+                received_ms=received_ms,
+                report=report,
+                mode=mode,
             )
         except ApiError as error:
             self._record_rejection(
@@ -175,6 +194,7 @@ class RelayService:
         request_id: str,
         received_ms: int,
         report: Callable[[Decision], None] | None = None,
+        mode: RelayMode = NATIVE,
     ) -> tuple[int, RelayResponse]:
         tx = parsed.tx
         params = self.network.params
@@ -188,7 +208,7 @@ class RelayService:
             duplicate = self._duplicate_of(parsed, view)
             if duplicate is not None:
                 return self._stored_response(duplicate, duplicate=True)
-            lease = first_or_raise(self._lease_checks(parsed, view))
+            lease = first_or_raise(self._lease_checks(parsed, view, mode))
             first_or_raise([lambda: self._sender_signature(parsed)])
             state = await chain_read
             slot_seq = first_or_raise(self._state_checks(parsed, lease, view, state))
@@ -197,7 +217,9 @@ class RelayService:
                 decision = await self.billing.free_flow(
                     decision, tx, parsed.sender, sponsor, view.in_flight, account=parsed.account
                 )
-            await self._simulate(parsed, params)
+            await simulate_or_refuse(
+                self.gateway, parsed, params, "always" if mode.simulate_always else self.config.simulate
+            )
             if self.billing is not None:
                 admitted = await self.billing.admit(decision, tx, parsed.sender_shard, sponsor)
                 if admitted is not None and report is not None:
@@ -207,7 +229,9 @@ class RelayService:
                 chain_read.cancel()
                 with contextlib.suppress(BaseException):
                     await chain_read
-        return await self._cosign_and_commit(parsed, lease, slot_seq, decision, request_id, received_ms)
+        return await self._cosign_and_commit(
+            parsed, lease, slot_seq, decision, request_id, received_ms, route=mode.route
+        )
 
     # Stages -----------------------------------------------------------------------------------------
     def _static(self, parsed: ParsedRelay) -> list[Callable[[], ApiError | None]]:
@@ -236,7 +260,9 @@ class RelayService:
                 return row
         return None
 
-    def _lease_checks(self, parsed: ParsedRelay, view: SenderView) -> list[Callable[[], Any]]:
+    def _lease_checks(
+        self, parsed: ParsedRelay, view: SenderView, mode: RelayMode
+    ) -> list[Callable[[], Any]]:
         tx = parsed.tx
         holder: dict[str, Lease] = {}
 
@@ -294,6 +320,8 @@ class RelayService:
             info = self.relayers.get(holder["lease"].relayer)
             if info is not None and info.assignable:
                 return None
+            if info is not None and mode.accept_draining and info.state == "draining":
+                return None  # the compat route still serves a draining relayer's (cached) users
             return self.assign.resign_required(
                 parsed.sender, parsed.sender_pubkey, parsed.sender_shard, tx.nonce
             )
@@ -366,6 +394,8 @@ class RelayService:
         decision: EntitlementDecision,
         request_id: str,
         received_ms: int,
+        *,
+        route: str = "native",
     ) -> tuple[int, RelayResponse]:
         tx = parsed.tx
         relayer = tx.relayer.to_bech32()
@@ -398,7 +428,7 @@ class RelayService:
             "gas_price": tx.gas_price,
             "value_atto": tx.value,
             "lease_kind": lease.kind,
-            "billing": decision.as_json(),
+            "billing": decision.as_json() if route == "native" else {**decision.as_json(), "route": route},
             "intent_key": parsed.intent_key,
             "tx": wire,
             "host_id": self.config.host_id,

@@ -12,7 +12,7 @@ from gasless.errors import ApiError, problem_document
 from gasless.relay.checks import ParsedRelay, all_failures, parse_json_body, parse_relay_body
 from gasless.relay.leases import Lease
 from gasless.relay.schemas import ValidateProblem, ValidateResponse
-from gasless.relay.service import RelayService
+from gasless.relay.service import NATIVE, RelayService
 from gasless.signer import SignerError
 
 
@@ -36,7 +36,7 @@ async def validate_submission(self: RelayService, raw: bytes) -> ValidateRespons
         view = await self._sender_view(parsed, self.now_ms())
         if self._duplicate_of(parsed, view) is not None:
             return _response(self, [], parsed)
-        lease_checks = self._lease_checks(parsed, view)
+        lease_checks = self._lease_checks(parsed, view, NATIVE)
         problems = []
         lease: Lease | None = None
         for check in lease_checks[:-1]:

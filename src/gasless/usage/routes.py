@@ -14,11 +14,13 @@ from gasless.http.formats import SHARD, Address, AddressDoc, CommaList, TxHash, 
 from gasless.http.json_body import api_router
 from gasless.http.pages import PageQuery
 from gasless.limits.route_classes import limit_private_read, private_read
+from gasless.usage.latency import LatencyService
 from gasless.usage.repository import UsageFilters, UsageRepository
 from gasless.usage.schemas import (
     BILLING_CLASSES,
     ROW_STATES,
     USAGE_STATUSES,
+    UsageLatency,
     UsageRow,
     UsageRowsPage,
     UsageSummary,
@@ -46,6 +48,7 @@ def usage_service(request: Request) -> UsageService:
             host.cursors,
             host.mirror,
             lambda: int(network.params.round_duration_ms),
+            rollups=host.rollups,
         )
         request.app.state.usage_service = service
     return service
@@ -186,6 +189,33 @@ async def get_usage_summary(
 ) -> UsageSummary:
     response.headers["Cache-Control"] = NO_STORE
     return await usage_service(request).summary(access.account, period_id, bucket)
+
+
+def latency_service(request: Request) -> LatencyService:
+    host = _host(request)
+    if host.latency is None:
+        raise host.unavailable()
+    service: LatencyService = host.latency
+    return service
+
+
+# Declared before `/v1/usage/{txHash}`: a path segment `latency` is this route, not a hash.
+@router.get(
+    "/v1/usage/latency",
+    operation_id="getUsageLatency",
+    response_model=UsageLatency,
+    dependencies=[PRIVATE_READ],
+    summary="The account's added and inclusion latency by shard, relayer, sender or gateway (from rollups)",
+)
+async def get_usage_latency(
+    request: Request,
+    response: Response,
+    access: Annotated[AccountAccess, Depends(usage_access)],
+    window: Annotated[Literal["1h", "24h", "7d", "30d"], Query()] = "24h",
+    group_by: Annotated[Literal["shard", "relayer", "sender", "gateway"], Query(alias="groupBy")] = "shard",
+) -> UsageLatency:
+    response.headers["Cache-Control"] = NO_STORE
+    return await latency_service(request).latency(access.account, window, group_by)
 
 
 @router.get(

@@ -50,6 +50,15 @@ class UsageListRow(BaseModel):
     terminalAtMs: int | None = Field(description="the ordering time: executedBlockTsMs, else terminal time")
     latency: IntentLatency
     deadReason: str | None = None
+    failureCode: str | None = Field(
+        default=None,
+        description="a failed execution's catalogue code when the contract's error names one (e.g. "
+        "PRICE_ABOVE_MAX: an addSenders fee above the signed max_fee)",
+    )
+    route: Literal["native", "compat", "probe"] = Field(
+        default="native",
+        description="the API the relay came through: the native API, the compat facade, or the synthetic probe",
+    )
     rejectCode: str | None = None
     batchId: int | None = Field(default=None, description="the settlement batch, once the row is in one")
 
@@ -128,3 +137,40 @@ class UsageSummary(BaseModel):
     series: list[UsageBucket] = Field(description="buckets with at least one row, oldest first")
     topSenders: list[UsageTop] = Field(description="at most 10, by billed RU then billed tx count")
     topReceivers: list[UsageTop]
+
+
+class LatencyBin(BaseModel):
+    leMs: int | None = Field(description="upper bound of the bin (inclusive); null: the overflow bin")
+    count: int
+
+
+class LatencySample(BaseModel):
+    txHash: str
+    addedMs: int | None
+    inclusionMs: int | None
+    terminalAtMs: int
+
+
+class LatencyGroup(BaseModel):
+    key: str = Field(description="the shard, relayer, sender or first-acknowledging gateway")
+    count: int = Field(description="intents measured in the window")
+    added: LatencyPercentiles
+    inclusion: LatencyPercentiles
+    bins: list[LatencyBin] = Field(description="a histogram of inclusionMs; the last bin is the overflow")
+    samples: list[LatencySample] = Field(description="at most 48 recent intents, with their hashes")
+
+
+class UsageLatency(BaseModel):
+    """`GET /v1/usage/latency`: percentiles from the rollups (1-minute for 1h/24h, 1-hour for 7d/30d),
+    within `relativeError` of the exact values; a group without data is absent."""
+
+    account: str
+    window: Literal["1h", "24h", "7d", "30d"]
+    windowMs: int
+    groupBy: Literal["shard", "relayer", "sender", "gateway"]
+    rollupMs: int = Field(description="the rollup read: 60 000 (1-minute) or 3 600 000 (1-hour)")
+    fromMs: int
+    toMs: int
+    relativeError: float
+    groups: list[LatencyGroup]
+    sloTargetInclusionP99Ms: None = Field(default=None, description="no latency promise is published")

@@ -6,10 +6,9 @@ the running plan for the default period) and the round duration (roundsToInclusi
 
 from __future__ import annotations
 
-import math
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 from gasless.billing.entitlement import PERIOD_MS, period_of
@@ -18,6 +17,7 @@ from gasless.errors import ApiError
 from gasless.http.pages import PageParams
 from gasless.relay.intents import latency
 from gasless.usage.repository import REJECTION_RETENTION_MS, UsageFilters, UsageRepository
+from gasless.usage.rollups import RollupRepository, merged, percentile
 from gasless.usage.schemas import (
     GatewayAck,
     LatencyPercentiles,
@@ -74,6 +74,8 @@ def ledger_row(row: Any, round_ms: int) -> UsageListRow:
             round_ms=round_ms,
         ),
         deadReason=row.dead_reason if dead else None,
+        failureCode=getattr(row, "failure_code", None),
+        route=getattr(row, "route", None) or "native",
         batchId=row.batch_id,
     )
 
@@ -87,6 +89,7 @@ def in_flight_row(row: Any, round_ms: int) -> UsageListRow:
         nonce=int(row.nonce),
         receiver=row.receiver,
         function=billing.get("function"),
+        route=billing.get("route") if billing.get("route") in ("compat", "probe") else "native",
         relayer=row.relayer,
         senderShard=int(row.sender_shard),
         status=None,
@@ -162,21 +165,6 @@ def intent_account(row: Any) -> str | None:
     return str(account) if account is not None else None
 
 
-def _percentile(sorted_values: Sequence[int], fraction: float) -> int | None:
-    """Nearest-rank percentile (a value that occurred; null without values)."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(fraction * len(sorted_values)))
-    return int(sorted_values[rank - 1])
-
-
-def percentiles(values: Sequence[int]) -> LatencyPercentiles:
-    ordered = sorted(values)
-    return LatencyPercentiles(
-        p50Ms=_percentile(ordered, 0.50), p95Ms=_percentile(ordered, 0.95), p99Ms=_percentile(ordered, 0.99)
-    )
-
-
 class UsageService:
     def __init__(
         self,
@@ -185,12 +173,14 @@ class UsageService:
         mirror: Any,
         round_ms: Callable[[], int],
         *,
+        rollups: RollupRepository | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.repo = repo
         self.cursors = cursors
         self.mirror = mirror
         self.round_ms = round_ms
+        self.rollups = rollups  # the series' inclusion percentiles (never from raw rows)
         self.clock = clock
 
     def _now_ms(self) -> int:
@@ -331,7 +321,7 @@ class UsageService:
         detail = UsageRow(
             row=in_flight_row(intent, round_ms),
             settlement=None,
-            acknowledgements=_acks(None, intent.broadcast_at_ms),
+            acknowledgements=_acks(getattr(intent, "first_ack_gateway", None), intent.broadcast_at_ms),
         )
         return str(intent_account(intent) or intent.sender), detail
 
@@ -345,6 +335,33 @@ class UsageService:
             if period is not None:
                 return period
         return now - now % PERIOD_MS
+
+    async def _inclusion(
+        self, account: str, from_ms: int, to_ms: int, step: int
+    ) -> dict[int, LatencyPercentiles]:
+        """Per series bucket: inclusion percentiles merged from the account's 1-hour rollups."""
+        if self.rollups is None:
+            return {}
+        rows = await self.rollups.read(
+            "acct_shard",
+            granularity="h",
+            from_ms=from_ms,
+            to_ms=to_ms,
+            key_prefix=f"{account}|",
+            metrics=("inclusion",),
+        )
+        grouped: dict[int, list[str]] = defaultdict(list)
+        for row in rows:
+            grouped[row.bucket_ms // step * step].append(row.histogram)
+        result = {}
+        for start, encoded in grouped.items():
+            histogram = merged(encoded)
+            result[start] = LatencyPercentiles(
+                p50Ms=percentile(histogram, 50),
+                p95Ms=percentile(histogram, 95),
+                p99Ms=percentile(histogram, 99),
+            )
+        return result
 
     async def summary(self, account: str, period_id: int | None, bucket: str) -> UsageSummary:
         if period_id is None:
@@ -362,9 +379,7 @@ class UsageService:
         for row in rows:
             by_status[row.status] += 1
             start = int(row.terminal_at_ms) // step * step
-            slot = buckets.setdefault(start, {"ru": 0, "payg": 0, "tx": 0, "fail": 0, "inclusion": []})
-            if row.executed_block_ts_ms is not None and row.received_at_ms is not None:
-                slot["inclusion"].append(int(row.executed_block_ts_ms) - int(row.received_at_ms))
+            slot = buckets.setdefault(start, {"ru": 0, "payg": 0, "tx": 0, "fail": 0})
             if not row.billed:
                 continue
             ru, payg = int(row.ru or 0), int(row.payg_micro or 0)
@@ -378,6 +393,7 @@ class UsageService:
             for table, address in ((senders, row.sender), (receivers, row.receiver)):
                 table[address][0] += ru
                 table[address][1] += 1
+        inclusion = await self._inclusion(account, period_id, end, step)
         return UsageSummary(
             account=account,
             periodId=period_id,
@@ -398,13 +414,16 @@ class UsageService:
                     paygMicro=slot["payg"],
                     txCount=slot["tx"],
                     failCount=slot["fail"],
-                    inclusion=percentiles(slot["inclusion"]),
+                    inclusion=inclusion.get(start, EMPTY_PERCENTILES),
                 )
                 for start, slot in sorted(buckets.items())
             ],
             topSenders=_top(senders),
             topReceivers=_top(receivers),
         )
+
+
+EMPTY_PERCENTILES = LatencyPercentiles(p50Ms=None, p95Ms=None, p99Ms=None)
 
 
 def _top(table: dict[str, list[int]]) -> list[UsageTop]:

@@ -1,0 +1,1 @@
+"""The starter-kit compatibility facade (unversioned, frozen): `/health`, `/relayer/address/{user}`, `/relay`."""

@@ -1,0 +1,1 @@
+"""The public relayer registry: address, shard, state (the contract's) and history, service statistics."""

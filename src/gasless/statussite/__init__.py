@@ -1,0 +1,1 @@
+"""The status site: a separate deployment serving the API's published feed files and a human page."""

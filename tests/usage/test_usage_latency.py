@@ -1,0 +1,125 @@
+"""GET /v1/usage/latency from the rollups: real relays on localnet, grouped by shard, relayer, sender and
+gateway; a window without data has no groups; the route is not mistaken for /v1/usage/{txHash}. And the
+sketch's merge property: percentiles of merged rollups match the raw figures within the documented error."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gasless.usage.rollups import RELATIVE_ERROR, decode, encode, merged, new_histogram, percentile, record
+
+
+def _wait(check: Any, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, "not reached"
+        time.sleep(0.05)
+    return value
+
+
+def _relay(env: Any, sender: Any) -> str:
+    assignment = env.assign(sender)
+    answer = env.relay(env.build(sender, assignment), assignment["lease"])
+    assert answer.status_code in (200, 202), answer.text
+    sender.nonce += 1
+    return str(answer.json()["txHash"])
+
+
+def test_latency_by_shard_relayer_sender_and_gateway_after_real_relays(env: Any, auth: Any) -> None:
+    owner = auth.account()
+    hashes = [_relay(env, owner) for _ in range(3)]
+    for tx_hash in hashes:
+        env.wait_state(tx_hash, ("FINALIZED",))
+    headers = auth.bearer(owner)
+
+    def measured() -> Any:
+        answer = env.client.get(
+            "/v1/usage/latency", params={"account": owner.address, "window": "1h"}, headers=headers
+        )
+        assert answer.status_code == 200, answer.text
+        body = answer.json()
+        return body if body["groups"] and body["groups"][0]["count"] == 3 else None
+
+    body = _wait(measured)
+    assert body["groupBy"] == "shard" and body["rollupMs"] == 60_000 and body["windowMs"] == 3_600_000
+    assert body["sloTargetInclusionP99Ms"] is None and body["relativeError"] == RELATIVE_ERROR
+    (group,) = body["groups"]
+    assert group["key"] == str(owner.shard)
+    for figure in ("added", "inclusion"):
+        p50, p95, p99 = (group[figure][f"p{q}Ms"] for q in (50, 95, 99))
+        assert p50 is not None and p50 <= p95 <= p99
+    assert sum(b["count"] for b in group["bins"]) == 3 and group["bins"][-1]["leMs"] is None
+    assert {s["txHash"] for s in group["samples"]} == set(hashes)
+
+    by_gateway = env.client.get(
+        "/v1/usage/latency", params={"account": owner.address, "groupBy": "gateway"}, headers=headers
+    ).json()
+    assert [g["key"] for g in by_gateway["groups"]] == [env.localnet.urls[0]]  # the first to acknowledge
+    for group_by in ("relayer", "sender", "gateway"):
+        answer = env.client.get(
+            "/v1/usage/latency",
+            params={"account": owner.address, "window": "30d", "groupBy": group_by},
+            headers=headers,
+        ).json()
+        assert answer["rollupMs"] == 3_600_000 and sum(g["count"] for g in answer["groups"]) == 3, answer
+    by_sender = env.client.get(
+        "/v1/usage/latency", params={"account": owner.address, "groupBy": "sender"}, headers=headers
+    ).json()
+    assert [g["key"] for g in by_sender["groups"]] == [owner.address]
+
+    # An account without traffic: no groups (never a zero-filled one).
+    other = auth.account()
+    empty = env.client.get("/v1/usage/latency", params={"account": other.address}, headers=auth.bearer(other))
+    assert empty.status_code == 200 and empty.json()["groups"] == []
+    bad = env.client.get(
+        "/v1/usage/latency", params={"account": owner.address, "window": "2d"}, headers=headers
+    )
+    assert bad.status_code == 400 and bad.json()["code"] == "MALFORMED_REQUEST"
+    assert env.client.get("/v1/usage/latency", params={"account": owner.address}).status_code == 401
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    parts=st.lists(
+        st.lists(st.integers(min_value=1, max_value=600_000), min_size=1, max_size=60), min_size=1, max_size=6
+    ),
+    q=st.sampled_from([50, 90, 95, 99]),
+)
+def test_merged_rollup_percentiles_match_the_raw_figures(parts: list[list[int]], q: int) -> None:
+    encoded = []
+    for part in parts:  # one rollup per minute, say, each stored encoded
+        histogram = new_histogram()
+        for value in part:
+            record(histogram, value)
+        encoded.append(encode(histogram))
+        assert decode(encoded[-1]).get_total_count() == len(part)
+    values = sorted(v for part in parts for v in part)
+    # The rank the rollups use (HdrHistogram's): the value at count round(q% of n), at least the first.
+    rank = max(1, int(q / 100 * len(values) + 0.5))
+    exact = values[rank - 1]
+    estimate = percentile(merged(encoded), q)
+    assert estimate is not None
+    assert abs(estimate - exact) <= RELATIVE_ERROR * exact + 1, (estimate, exact)
+
+
+def test_the_summary_series_reads_its_percentiles_from_the_rollups(env: Any, auth: Any) -> None:
+    owner = auth.account()
+    hashes = [_relay(env, owner) for _ in range(2)]
+    for tx_hash in hashes:
+        env.wait_state(tx_hash, ("FINALIZED",))
+    headers = auth.bearer(owner)
+
+    def measured() -> Any:
+        summary = env.client.get(
+            "/v1/usage/summary", params={"account": owner.address, "bucket": "hour"}, headers=headers
+        ).json()
+        series = [b for b in summary["series"] if b["txCount"]]
+        return series if series and series[-1]["inclusion"]["p50Ms"] is not None else None
+
+    series = _wait(measured)
+    inclusion = series[-1]["inclusion"]
+    assert inclusion["p50Ms"] <= inclusion["p95Ms"] <= inclusion["p99Ms"]

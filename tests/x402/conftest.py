@@ -1,0 +1,12 @@
+"""x402 tests: the relay suite's app on a real localnet (`env`, `make_env`, `problem`, `nothing_sent`)."""
+
+from __future__ import annotations
+
+from relay_kit import load_conftest  # type: ignore[import-not-found]
+
+relay_env = load_conftest("relay")
+env = relay_env.env
+make_env = relay_env.make_env
+unpaused_localnet = relay_env.unpaused_localnet
+problem = relay_env.problem
+nothing_sent = relay_env.nothing_sent
