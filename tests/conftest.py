@@ -28,6 +28,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # `gasless up` spawned by a test starts no status site on the fixed default port (8090): a test that
     # wants the site passes `--status-port` with a free port.
     os.environ["GASLESS_STATUS_PORT"] = "0"
+    os.environ["GASLESS_MAIL_PORT"] = "0"
 
 
 _DESELECTED = pytest.StashKey[int]()

@@ -61,6 +61,9 @@ from gasless.metrics import HostCollector, MeteredIntentBus, MetricsMiddleware
 from gasless.mirror.follower import MIRROR_ROLE, MirrorFollower
 from gasless.mirror.repository import MirrorRepository
 from gasless.mirror.views import ContractMirror
+from gasless.notices import routes as notice_routes
+from gasless.notices.jobs import build_notices
+from gasless.notifications import routes as notification_routes
 from gasless.pricing import routes as pricing_routes
 from gasless.pricing.service import PricingService
 from gasless.purchases import routes as purchase_routes
@@ -315,13 +318,6 @@ async def _start_relay_core(
             ),
         )
     _add_billing_workers(state, settings, gateway, network, mirror, singletons)
-    await singletons.start()
-    state.retention, state.singletons = retention, singletons
-    state.relay_service, state.assign_service = relay, assign
-    state.compat = CompatService(
-        relay, relayers, leases, state.limits, min_gas_price=lambda: network.params.min_gas_price
-    )
-    state.quote_service = QuoteService(network, mirror)
     state.pricing = PricingService(
         mirror,
         state.mirror_repo,
@@ -329,6 +325,25 @@ async def _start_relay_core(
         chain_id=settings.network.chain_id,
         payment_token=settings.network.payment_token,
     )
+    if state.notice_parts is not None and state.account_reads is not None:
+        state.notice_parts.attach(
+            state.engine,
+            singletons,
+            account_reads=state.account_reads,
+            tariff_entries=state.pricing.tariff_entries if contract is not None and state.pricing else None,
+            webhooks=state.webhooks,
+            streams=state.streams,
+            bus=bus,
+            follower=state.mirror_follower,
+            poll_ms=settings.notices_poll_ms,
+        )
+    await singletons.start()
+    state.retention, state.singletons = retention, singletons
+    state.relay_service, state.assign_service = relay, assign
+    state.compat = CompatService(
+        relay, relayers, leases, state.limits, min_gas_price=lambda: network.params.min_gas_price
+    )
+    state.quote_service = QuoteService(network, mirror)
     if settings.network.contract_address is not None:
         state.purchases = PurchaseService(
             mirror,
@@ -542,6 +557,18 @@ def create_app(
                 state.engine, state.cursors, settings, state.metrics, state.streams
             )
             await state.incident_watch.start()
+            state.notice_parts = build_notices(
+                state.engine,
+                state.keys,
+                state.cursors,
+                settings,
+                state.streams.hub,
+                worker_id=f"{settings.host_id}.{state.boot_epoch_ms}",
+                pricing=lambda: state.pricing,
+            )
+            state.notices = state.notice_parts.notices
+            state.notifications = state.notice_parts.notifications
+            await state.notice_parts.start()
             # Serve at once (/readyz answers 503) while the relay core restores its state.
             startup = asyncio.create_task(
                 _start_relay_core(state, settings, signer_wrapper, entitlement_factory), name="startup"
@@ -555,7 +582,12 @@ def create_app(
                 with contextlib.suppress(BaseException):
                     await startup
             await _stop_relay_core(state)
-            for part in (state.webhook_recorder, state.webhook_dispatcher, state.incident_watch):
+            for part in (
+                state.webhook_recorder,
+                state.webhook_dispatcher,
+                state.incident_watch,
+                state.notice_parts,
+            ):
                 if part is not None:
                     with contextlib.suppress(Exception):
                         await part.stop()
@@ -609,6 +641,9 @@ def create_app(
     app.include_router(compat_routes.router)
     app.include_router(registry_routes.router)
     app.include_router(status_routes.router)
+    app.include_router(notice_routes.router)
+    app.include_router(notification_routes.router)
+    app.include_router(notification_routes.links_router)
     app.include_router(auth_routes.admin_router)
     install_openapi(
         app,

@@ -28,6 +28,7 @@ PURPOSES = (
     "cursor",
     "fence",
     "action",
+    "email-verify",
 )
 
 

@@ -34,6 +34,7 @@ from gasless.localnet.chain import ChainConfig
 from gasless.localnet.owner import unpause
 from gasless.localnet.server import Localnet
 from gasless.metrics import admin_app
+from gasless.notifications.mail import CaughtMail, MailCatcher
 from gasless.settings import LOCALNET_PAYMENT_TOKEN, HostId, Settings
 
 log = structlog.get_logger("gasless.serve")
@@ -68,6 +69,7 @@ class EmbeddedOptions:
     metrics_host: str = "127.0.0.1"
     fresh: bool = False  # a new chain and a new SQLite database (see reset_database)
     status_port: int = 8090  # the status site (its own process, reading the feed files); 0: not started
+    mail_port: int = 1025  # the local mail catcher (SMTP, mails kept under data_dir/mail); 0: not started
 
     @property
     def status_url(self) -> str | None:
@@ -180,6 +182,13 @@ def embedded_listeners(options: EmbeddedOptions) -> list[Listeners]:
                 options.status_port,
                 "the status site port",
                 "pass --status-port with a free port, or 0",
+            )
+        if options.mail_port:
+            check_port(
+                options.host,
+                options.mail_port,
+                "the mail catcher port",
+                "pass --mail-port with a free port, or 0",
             )
     except PortUnavailable:
         for listeners in bound:
@@ -295,7 +304,9 @@ async def grant_probe_plans(options: EmbeddedOptions, localnet: Localnet) -> Non
             log.info("probe plan not granted", address=wallet.address.to_bech32(), reason=str(exc)[:120])
 
 
-def embedded_settings(options: EmbeddedOptions, localnet: Localnet, index: int = 0) -> Settings:
+def embedded_settings(
+    options: EmbeddedOptions, localnet: Localnet, index: int = 0, smtp_url: str | None = None
+) -> Settings:
     """Settings of host `index` (0: a, 1: b). Both share the master secret, database and Redis."""
     info = localnet.info
     port = options.api_port + index
@@ -323,6 +334,10 @@ def embedded_settings(options: EmbeddedOptions, localnet: Localnet, index: int =
         "probe_enabled": True,
         "probe_key_files": [wallet.path for wallet in probe_wallets(options.data_dir)],
     }
+    if smtp_url is not None:
+        values["smtp_url"] = (
+            smtp_url  # the local mail catcher: a newcomer reads the mails under data_dir/mail
+        )
     if options.database_url:
         values["database_url"] = options.database_url
     if options.redis_url:
@@ -467,10 +482,23 @@ async def stop_process(process: asyncio.subprocess.Process | None) -> None:
         await process.wait()
 
 
+async def start_mail_catcher(
+    options: EmbeddedOptions, on_mail: Callable[[CaughtMail], None] | None
+) -> MailCatcher | None:
+    """The local mail catcher (a real SMTP server in this process): every mail lands in data_dir/mail."""
+    if not options.mail_port:
+        return None
+    catcher = MailCatcher(host=options.host, port=options.mail_port, maildir=options.data_dir / "mail")
+    catcher.on_mail = on_mail
+    await catcher.start()
+    return catcher
+
+
 async def run_embedded(
     options: EmbeddedOptions,
     listeners: list[Listeners],
     on_ready: Callable[[list[Settings], Localnet], None] | None = None,
+    on_mail: Callable[[CaughtMail], None] | None = None,
 ) -> None:
     """Start localnet, then the API host(s) on `listeners` (`embedded_listeners`), and serve until
     cancelled; whatever started is stopped on the way out, whenever the cancellation comes. `on_ready`
@@ -483,7 +511,9 @@ async def run_embedded(
             if options.fresh:
                 reset_database(options.effective_database_url)
             await grant_probe_plans(options, localnet)
-            hosts = [embedded_settings(options, localnet, index) for index in range(options.hosts)]
+            catcher = await start_mail_catcher(options, on_mail)
+            smtp_url = catcher.url if catcher is not None else None
+            hosts = [embedded_settings(options, localnet, index, smtp_url) for index in range(options.hosts)]
             site = await start_status_site(options, hosts[0].effective_status_feed_dir)
             try:
                 await serve_hosts(
@@ -492,6 +522,8 @@ async def run_embedded(
                 )
             finally:
                 await stop_process(site)
+                if catcher is not None:
+                    await catcher.stop()
         finally:
             with contextlib.suppress(Exception):
                 await localnet.stop()

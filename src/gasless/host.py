@@ -37,6 +37,9 @@ from gasless.metrics import HostMetrics
 from gasless.mirror.follower import MirrorFollower
 from gasless.mirror.repository import MirrorRepository
 from gasless.mirror.views import ContractMirror
+from gasless.notices.jobs import NoticeParts
+from gasless.notices.service import NoticeService
+from gasless.notifications.service import NotificationService
 from gasless.pricing.service import PricingService
 from gasless.purchases.service import PurchaseService
 from gasless.relay.assign import AssignService
@@ -138,6 +141,9 @@ class HostState:
     account_reads: AccountReads | None = None
     settlement_worker: SettlementWorker | None = None
     proof_service: ProofService | None = None
+    notices: NoticeService | None = None
+    notifications: NotificationService | None = None
+    notice_parts: NoticeParts | None = None
 
     # Account-stream event ids (spec "Account stream" 3-4): `<hostId>.<bootEpochMs>.<seq>`. Only ids this
     # very process issued resume; another host's, or one from before a restart, starts with `reset`.

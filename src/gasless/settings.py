@@ -195,6 +195,18 @@ class Settings(BaseSettings):
     stream_keepalive_ms: int = Field(default=15_000, ge=50, le=60_000)
     stream_coalesce_ms: int = Field(default=200, ge=100, le=250)
 
+    # Notices and e-mail (gasless.notices, gasless.notifications, docs/notices.md). Without `smtp_url` no mail
+    # is sent (notices, webhooks and streams still work; mails stay queued until a server is configured).
+    # `smtp_url`: smtp://[user:password@]host[:port] (STARTTLS when offered) or smtps://... (TLS at once).
+    smtp_url: SecretStr | None = None
+    mail_from: str = Field(default="gasless notices <notices@gasless.invalid>", min_length=3, max_length=200)
+    mail_retry_backoff_ms: Annotated[list[int], NoDecode] = Field(
+        default_factory=lambda: [5_000, 30_000, 120_000, 600_000, 1_800_000], min_length=1, max_length=20
+    )
+    mail_poll_ms: int = Field(default=1_000, ge=10, le=60_000)
+    notices_poll_ms: int = Field(default=1_000, ge=10, le=60_000)
+    email_link_ttl_ms: int = Field(default=86_400_000, ge=1_000, le=604_800_000)
+
     # Billing contract mirror and settlement (gasless.mirror, gasless.settlement). `owner_key_file` is the
     # contract owner's PEM: without it this host never submits settleUsage batches (the mirror still runs).
     mirror_poll_ms: int = Field(default=300, ge=20, le=60_000)
@@ -234,6 +246,7 @@ class Settings(BaseSettings):
         "native_auth_origins",
         "webhook_local_receiver_cidrs",
         "webhook_retry_backoff_ms",
+        "mail_retry_backoff_ms",
         mode="before",
     )
     @classmethod

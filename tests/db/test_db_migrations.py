@@ -50,6 +50,10 @@ TABLES = {
     "chain_identity",
     "x402_payments",
     "latency_rollups",
+    "notices",
+    "notice_acks",
+    "notification_prefs",
+    "mail_outbox",
 }
 ADDRESS = "erd1qyu5wthldzr8wx5c9ucg8kjagg0jfs53s8nr3zpz3hypefsdd8ssycr6th"
 
@@ -73,7 +77,7 @@ def _relayer(**overrides: Any) -> dict[str, Any]:
 
 
 async def test_upgrade_from_empty_reaches_head(db_engine: AsyncEngine, database_url: str) -> None:
-    assert head_revision() == "0014"
+    assert head_revision() == "0015"
     assert await current_revision(db_engine) is None
     assert await is_up_to_date(db_engine) is False
 

@@ -54,6 +54,8 @@ CACHED_READS = (
 # Names the spec's endpoint tables give to request and response shapes of the implemented operations.
 SPEC_SCHEMAS = {
     "PricingDocument",
+    "NotificationPrefs",
+    "NotificationPrefsUpdate",
     "Intent",
     "Assignment",
     "AssignRequest",
@@ -331,6 +333,8 @@ def test_security_schemes_and_requirements(document: dict[str, Any]) -> None:
         "testWebhook",
         "rotateWebhookSecret",
         "listWebhookDeliveries",
+        "getNotificationPrefs",
+        "putNotificationPrefs",
     }
     assert all(by_id[op_id]["security"] == [{"nativeAuth": []}] for op_id in native_auth_only)
     # Streams: native-auth or a read key; the account stream also opens with a query ticket (no header).
@@ -346,6 +350,8 @@ def test_security_schemes_and_requirements(document: dict[str, Any]) -> None:
         "getUsageLatency",
         "listAccountRelayers",
         "listAccountOutages",
+        "listNotices",
+        "ackNotices",
     }
     assert all(by_id[op_id]["security"] == [{"nativeAuth": []}, {"apiKey": []}] for op_id in dashboard)
     # The x402 paid routes: the payment header (an unpaid request is answered with the 402 challenge).

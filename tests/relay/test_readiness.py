@@ -64,6 +64,7 @@ def test_readyz_is_503_while_the_host_restores(tmp_path: Path, unpaused_localnet
                 "latency-rollup": "leader",
                 "status-feed": "leader",
                 "mirror": "leader",
+                "notices": "leader",
             }
     finally:
         set_faults(localnet, {"gateway": {"latencyMs": {}}})

@@ -38,7 +38,15 @@ from gasless.relay.checks import presence_message
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 # The singleton roles every host runs (one leader each), as /readyz and the metrics name them.
-ROLES = ("retention", "webhook-retention", "intent-recovery", "latency-rollup", "status-feed", "mirror")
+ROLES = (
+    "retention",
+    "webhook-retention",
+    "intent-recovery",
+    "latency-rollup",
+    "status-feed",
+    "mirror",
+    "notices",
+)
 
 _computer = TransactionComputer()
 
@@ -527,22 +535,7 @@ def test_killing_the_leader_moves_the_singletons_and_the_survivor_finishes_its_i
 
     def a_leads() -> Any:
         body = a.get("/readyz").json()
-        return (
-            body
-            if body["singletons"]
-            == dict.fromkeys(
-                (
-                    "retention",
-                    "webhook-retention",
-                    "intent-recovery",
-                    "latency-rollup",
-                    "status-feed",
-                    "mirror",
-                ),
-                "leader",
-            )
-            else None
-        )
+        return body if body["singletons"] == dict.fromkeys(ROLES, "leader") else None
 
     wait_until(a_leads, "a takes the singleton roles over")
     # b's intent, never acknowledged by a gateway, is re-broadcast and followed to the end by a.

@@ -162,12 +162,8 @@ def served(unpaused_localnet: Any, tmp_path: Path) -> Iterator[Callable[..., tup
     def start(**overrides: Any) -> tuple[Served, Any, Any]:
         name = overrides.pop("name", "api")
         overrides_limits = overrides.pop("route_limits", None)
-        settings = relay_env.relay_settings(
-            tmp_path,
-            unpaused_localnet,
-            database_url=f"sqlite+aiosqlite:///{(tmp_path / f'{name}.db').as_posix()}",
-            **overrides,
-        )
+        overrides.setdefault("database_url", f"sqlite+aiosqlite:///{(tmp_path / f'{name}.db').as_posix()}")
+        settings = relay_env.relay_settings(tmp_path, unpaused_localnet, **overrides)
         limits = overrides_limits or relay_env.unthrottled_limits()
         server = Served(settings, route_limits=limits).__enter__()
         opened.append(server)

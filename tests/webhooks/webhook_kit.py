@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -56,11 +57,11 @@ class Receiver:
         raise AssertionError(f"receiver got {len(self.received)} requests, expected {count}")
 
 
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
+@contextlib.contextmanager
+def serve_receiver() -> Iterator[Receiver]:
+    """A webhook endpoint on 127.0.0.1 (an aiohttp server in its own thread), stopped on exit."""
     state = Receiver()
     loop = asyncio.new_event_loop()
-    ready = threading.Event()
     runner_box: dict[str, Any] = {}
 
     async def handle(request: web.Request) -> web.Response:
@@ -81,18 +82,22 @@ def receiver() -> Iterator[Receiver]:
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
         state.url = f"http://127.0.0.1:{port}/hook"
         runner_box["runner"] = runner
-        ready.set()
 
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     asyncio.run_coroutine_threadsafe(start(), loop).result(10)
-    ready.wait(10)
     try:
         yield state
     finally:
         asyncio.run_coroutine_threadsafe(runner_box["runner"].cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with serve_receiver() as state:
+        yield state
 
 
 @pytest.fixture

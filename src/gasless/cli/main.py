@@ -95,6 +95,10 @@ def _print_embedded(hosts, localnet, status_url=None) -> None:  # type: ignore[n
             )
     if status_url:
         table.add_row("status site", f"{status_url}  (feeds: {status_url}/feed/status.json)")
+    if first.smtp_url is not None:
+        table.add_row(
+            "mail catcher", f"{first.smtp_url.get_secret_value()}  (mails: {first.data_dir / 'mail'})"
+        )
     for url in localnet.urls:
         table.add_row("localnet gateway", url)
     table.add_row("localnet admin", f"{localnet.urls[0]}/localnet/info")
@@ -162,6 +166,15 @@ def up(
             help="The status site's port (its own process); 0: not started.",
         ),
     ] = 8090,
+    mail_port: Annotated[
+        int,
+        typer.Option(
+            "--mail-port",
+            envvar="GASLESS_MAIL_PORT",
+            help="The local mail catcher's SMTP port (notices and verification links land in "
+            "--data-dir/mail, a Maildir); 0: not started (and no mail is sent).",
+        ),
+    ] = 1025,
 ) -> None:
     """Start the embedded default: localnet and the API host(s) on loopback, data under --data-dir."""
     from gasless.embedded import (
@@ -190,6 +203,7 @@ def up(
         metrics_host=os.environ.get("GASLESS_METRICS_HOST") or "127.0.0.1",
         fresh=fresh,
         status_port=status_port,
+        mail_port=mail_port,
     )
     try:
         check_embedded(options)
@@ -206,6 +220,10 @@ def up(
                 options,
                 listeners,
                 on_ready=lambda hosts_, net: _print_embedded(hosts_, net, options.status_url),
+                on_mail=lambda mail: console.print(
+                    f"mail caught for {escape(', '.join(mail.envelope_to))}: {escape(mail.subject)} "
+                    f"(read it in {escape(str(data_dir / 'mail'))})"
+                ),
             )
         )
     except StopRequested as stop:

@@ -18,6 +18,7 @@ The document is built once, on the first request for it, and cached on the app.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -383,6 +384,7 @@ def install_openapi(
     """Serve the document at `GET /openapi.json` (built on first use, then cached) and make `app.openapi`
     return it. The app must be created with `openapi_url=None` so FastAPI's own route does not shadow this."""
     models = tuple(extra_models)
+    building = asyncio.Lock()
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -400,6 +402,12 @@ def install_openapi(
         responses={200: {"content": {"application/json": {"schema": {"type": "object"}}}}},
     )
     async def openapi_document() -> JSONResponse:
+        if app.openapi_schema is None:
+            # The first build takes seconds of CPU: off the event loop, so the host's timers (the signer
+            # fence's renewal, the trackers) keep running meanwhile.
+            async with building:
+                if app.openapi_schema is None:
+                    await asyncio.to_thread(openapi)
         return JSONResponse(openapi())
 
 

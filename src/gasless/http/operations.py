@@ -392,6 +392,17 @@ OPERATIONS.update(
             problems={**_usage_route().problems, 400: ("MALFORMED_REQUEST", "CURSOR_INVALID")},
         ),
         "getUsageRow": _usage_route(404),
+        # Notices (dashboard reads): acknowledging is the owner's or a read key's (a sender: 403).
+        "listNotices": dataclasses.replace(
+            _usage_route(),
+            problems={**_usage_route().problems, 400: ("MALFORMED_REQUEST", "CURSOR_INVALID")},
+        ),
+        "ackNotices": dataclasses.replace(
+            _usage_route(), problems={**_usage_route().problems, 413: ("PAYLOAD_TOO_LARGE",)}
+        ),
+        # Notification preferences (spec: Keys, webhooks, notifications): as the key routes.
+        "getNotificationPrefs": _key_route(),
+        "putNotificationPrefs": _key_route(413),
     }
 )
 

@@ -85,6 +85,15 @@ class PricingService:
             return document
         return document.model_copy(update={"tiers": [t for t in document.tiers if t.audience == audience]})
 
+    async def changed_document(self) -> dict[str, Any]:
+        """The document rebuilt now (the stream's `pricing` event after a tariff or schedule change)."""
+        self._document = None
+        return (await self._current()).model_dump(mode="json")
+
+    async def tariff_entries(self) -> list[TariffEntry]:
+        """Every tariff entry (the notice sources' view of tariff changes)."""
+        return await self._tariff_entries()
+
     async def _current(self) -> PricingDocument:
         cached = self._document
         if cached is not None and cached[0] > self.clock():

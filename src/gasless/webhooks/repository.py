@@ -156,6 +156,16 @@ class WebhookRepository:
             row for row in await self.list_for(account, env) if row.enabled and event_type in row.event_types
         ]
 
+    async def subscribed_anywhere(self, env: str, event_type: str) -> list[WebhookRow]:
+        """Every account's enabled webhooks subscribed to `event_type` (global notices)."""
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(webhooks).where(webhooks.c.env == env, webhooks.c.enabled.is_(True))
+                )
+            ).all()
+        return [WebhookRow(**row._mapping) for row in rows if event_type in row.event_types]
+
     @staticmethod
     def _owned(webhook_id: str, account: str, env: str) -> tuple[Any, ...]:
         return (webhooks.c.webhook_id == webhook_id, webhooks.c.account == account, webhooks.c.env == env)

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from gasless.http.pages import Page
+from gasless.notices.kinds import NOTICE_KINDS, NoticeKind
 
 # Intent events, named after the state the intent reached; `webhook.test` is sent by the test route only.
 IntentEventType = Literal[
@@ -19,6 +20,9 @@ INTENT_EVENT_TYPES: tuple[str, ...] = (
     "intent.finalized",
     "intent.dead",
 )
+NOTICE_EVENT_TYPES: tuple[str, ...] = NOTICE_KINDS  # a notice is delivered as the event type of its kind
+EVENT_TYPES: tuple[str, ...] = INTENT_EVENT_TYPES + NOTICE_EVENT_TYPES
+EventType = IntentEventType | NoticeKind
 TEST_EVENT_TYPE = "webhook.test"
 DeliveryStatus = Literal["pending", "succeeded", "failed"]
 
@@ -31,12 +35,16 @@ def _description(value: str) -> str:
 
 
 def _dedupe(types: list[str]) -> list[str]:
-    return [t for t in INTENT_EVENT_TYPES if t in types]
+    return [t for t in EVENT_TYPES if t in types]
 
 
 Url = Annotated[str, Field(min_length=8, max_length=2_048, description="https URL on port 443")]
 Description = Annotated[str, Field(max_length=128), AfterValidator(_description)]
-EventTypes = Annotated[list[IntentEventType], Field(min_length=1, max_length=16), AfterValidator(_dedupe)]
+EventTypes = Annotated[
+    list[EventType],
+    Field(min_length=1, max_length=len(INTENT_EVENT_TYPES) + len(NOTICE_KINDS)),
+    AfterValidator(_dedupe),
+]
 
 
 class WebhookCreate(BaseModel):
@@ -44,8 +52,8 @@ class WebhookCreate(BaseModel):
 
     url: Url
     eventTypes: EventTypes = Field(
-        default_factory=lambda: list(INTENT_EVENT_TYPES),
-        description="event types delivered to this webhook (default: every intent event)",
+        default_factory=lambda: list(EVENT_TYPES),
+        description="event types delivered to this webhook (default: every intent event and every notice kind)",
     )
     enabled: bool = True
     description: Description | None = None

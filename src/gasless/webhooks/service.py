@@ -327,3 +327,22 @@ class WebhookService:
         if queued:
             self.wake.set()
         return queued
+
+    async def record_notice(self, notice: dict[str, Any]) -> int:
+        """Queue a notice (event type: its kind) for the subscribed webhooks: the account's own, or every
+        account's for a global notice. The event id is the notice's seq, so queuing it twice queues it once."""
+        kind, account = str(notice["kind"]), notice.get("account")
+        if account is None:
+            targets = await self.repo.subscribed_anywhere(self.env, kind)
+        elif await self._has_webhooks(str(account)):
+            targets = await self.repo.subscribed(str(account), self.env, kind)
+        else:
+            targets = []
+        rows = []
+        for target in targets:
+            event = self._event(f"evt_notice_{notice['seq']}", kind, target.account, {"notice": notice})
+            rows.append(self._delivery_row(target, event, self.max_attempts))
+        queued = await self.repo.enqueue(rows)
+        if queued:
+            self.wake.set()
+        return queued
