@@ -186,3 +186,54 @@ def test_fresh_never_drops_a_postgres_database_that_holds_gasless_data(
     lines = [line for line in result.stderr.splitlines() if line.startswith("cannot start:")]
     assert len(lines) == 1 and "never drops" in lines[0] and "empty database" in lines[0], result.stderr
     assert not (data_dir / "localnet").exists()  # refused before anything started
+
+
+def test_up_runs_a_mail_catcher_that_keeps_the_mails(tmp_path: Path, gasless_up: Callable[..., Up]) -> None:
+    """A newcomer sees the service's mails: `gasless up` starts a real SMTP server, points the hosts at it and
+    keeps every mail in <data-dir>/mail (a Maildir); the verification link in it works."""
+    import mailbox
+    import re
+
+    from gasless.client.native_auth import make_native_auth_token
+
+    data_dir = tmp_path / "var"
+    up = gasless_up(data_dir, "--mail-port", str(free_port()))
+    up.wait_ready()
+    wallets = data_dir / "localnet" / "wallets"
+    user = UserKey.from_pem(wallets / "user-s1.pem")
+    owner = load_or_create_wallet(wallets, "owner")
+    contract = up.gateway_get("/localnet/info")["data"]["contract"]
+    asyncio.run(owner_call(up.gateway, owner, contract, "grant", [address_of(user.public_key), 3, 1]))
+    block = requests.get(f"{up.api}/v1/network", timeout=5).json()["nativeAuth"]["blockHash"]
+    token = make_native_auth_token(user.secret_key, origin=up.api, block_hash=block, ttl_seconds=600)
+    headers = {"Authorization": f"Bearer {token}"}
+    path = f"{up.api}/v1/account/{user.address}/notifications"
+
+    def saved() -> Any:  # the account is mirrored a moment after the grant is final
+        answer = requests.put(
+            path, json={"email": {"address": "newcomer@example.com"}}, headers=headers, timeout=5
+        )
+        return answer if answer.status_code == 200 else None
+
+    answer = wait_for(saved, "the preferences saved")
+    assert answer.json()["email"]["status"] == "pending"
+    maildir = mailbox.Maildir(str(data_dir / "mail"), create=False)
+    mails = wait_for(lambda: list(maildir), "a mail in the Maildir")
+    (mail,) = mails
+    assert mail["To"] == "newcomer@example.com" and "Confirm" in mail["Subject"]
+    link = re.search(r"(http://\S+/notifications/verify\?token=\S+)", mail.get_payload(decode=True).decode())
+    assert link and link.group(1).startswith(up.api), mail
+    assert requests.get(link.group(1), timeout=5).json()["status"] == "verified"
+    assert requests.get(path, headers=headers, timeout=5).json()["email"]["status"] == "verified"
+    assert "mail caught for newcomer@example.com" in up.output()
+    up.stop()
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not reached")

@@ -217,27 +217,27 @@ class SourceReads:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
-    async def plan_usage_changed(self, since_ms: int) -> list[tuple[str, int]]:
-        """(account, updated_at_ms) of the plan usage rows written since `since_ms`."""
+    async def plan_usage_changed(self, since_ms: int) -> list[tuple[str, int, int]]:
+        """(account, newest write, RU used) of the plan usage rows written since `since_ms`."""
         c = account_period_usage.c
         query = (
-            select(c.account, func.max(c.updated_at_ms))
+            select(c.account, func.max(c.updated_at_ms), func.sum(c.ru_used))
             .where(c.updated_at_ms >= since_ms)
             .group_by(c.account)
         )
         async with self.engine.connect() as conn:
-            return [(str(a), int(t)) for a, t in (await conn.execute(query)).all()]
+            return [(str(a), int(t), int(n)) for a, t, n in (await conn.execute(query)).all()]
 
-    async def payg_reserved(self, since_ms: int) -> list[tuple[str, int]]:
-        """(account, created_at_ms) of accounts with pay-as-you-go reservations made since `since_ms`."""
+    async def payg_reserved(self, since_ms: int) -> list[tuple[str, int, int]]:
+        """(account, newest, how many) of the pay-as-you-go reservations made since `since_ms`."""
         c = reservations.c
         query = (
-            select(c.account, func.max(c.created_at_ms))
+            select(c.account, func.max(c.created_at_ms), func.count())
             .where(c.billing_class == "payg", c.created_at_ms >= since_ms)
             .group_by(c.account)
         )
         async with self.engine.connect() as conn:
-            return [(str(a), int(t)) for a, t in (await conn.execute(query)).all()]
+            return [(str(a), int(t), int(n)) for a, t, n in (await conn.execute(query)).all()]
 
     async def payg_spent(self, account: str, since_ms: int) -> int:
         c = reservations.c

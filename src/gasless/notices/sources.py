@@ -150,6 +150,10 @@ class NoticeSources:
         self.clock = clock
         self._seen: set[str] = set()  # dedupe keys stored or found stored (saves the insert attempt)
         self._period_scan_at = 0
+        # (source, account) -> the state already judged (newest write, and a count that moves with every
+        # change even within one millisecond): the lookback shows rows again for 60 s, and judging an
+        # account reads its Quota, so each change is judged once per leader.
+        self._judged: dict[tuple[str, str], tuple[int, int]] = {}
 
     async def _emit(self, notices: list[NewNotice]) -> None:
         fresh = [n for n in notices if n.dedupe_key not in self._seen]
@@ -176,6 +180,16 @@ class NoticeSources:
             except Exception as exc:  # noqa: BLE001 - one source failing must not stop the others
                 log.warning("notice source failed", source=source.__name__, error=repr(exc))
 
+    def _unjudged(self, source: str, changed: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+        fresh = [(a, t, n) for a, t, n in changed if self._judged.get((source, a)) != (t, n)]
+        if len(self._judged) > 100_000:
+            self._judged.clear()
+        return fresh
+
+    def _judge(self, source: str, changed: list[tuple[str, int, int]]) -> None:
+        for account, at, count in changed:
+            self._judged[(source, account)] = (at, count)
+
     async def _since(self, name: str) -> int:
         saved = await self.repo.cursor(name)
         return (int(saved) if saved is not None else self.clock()) - LOOKBACK_MS
@@ -188,14 +202,16 @@ class NoticeSources:
 
     # Plan usage -----------------------------------------------------------------------------------------
     async def _plan_thresholds(self) -> None:
-        changed = await self.reads.plan_usage_changed(await self._since("usage"))
-        prefs = await self.prefs.many([a for a, _ in changed])
-        notices = []
-        for account, _ in changed:
+        seen = await self.reads.plan_usage_changed(await self._since("usage"))
+        changed = self._unjudged("usage", seen)
+        prefs = await self.prefs.many([a for a, _, _ in changed])
+        notices, judged = [], []
+        for account, at, count in changed:
             quota = await self.quota(account)
             included, used = quota.includedRu, quota.usedRu
             if not included or used is None:
-                continue
+                continue  # the mirror has not seen the plan yet: judged again next time
+            judged.append((account, at, count))
             pct = used * 100 // included
             for threshold in thresholds_of(prefs.get(account)).planUsedPct:
                 if pct >= threshold:
@@ -209,14 +225,19 @@ class NoticeSources:
                     key = f"plan.threshold:{account}:{quota.periodId}:{threshold}"
                     notices.append(compose("plan.threshold", account, data, key))
         await self._emit(notices)
-        await self._advance("usage", [t for _, t in changed])
+        self._judge("usage", judged)
+        await self._advance("usage", [t for _, t, _ in seen])
 
     async def _payg(self) -> None:
-        reserved = await self.reads.payg_reserved(await self._since("payg"))
-        prefs = await self.prefs.many([a for a, _ in reserved])
-        notices = []
-        for account, _ in reserved:
+        seen = await self.reads.payg_reserved(await self._since("payg"))
+        reserved = self._unjudged("payg", seen)
+        prefs = await self.prefs.many([a for a, _, _ in reserved])
+        notices, judged = [], []
+        for account, at, count in reserved:
             quota = await self.quota(account)
+            if quota.state == "NO_ACCOUNT":
+                continue  # not mirrored yet: judged again next time
+            judged.append((account, at, count))
             period = quota.periodId
             if period is not None:
                 key = f"payg.started:{account}:{period}"
@@ -230,7 +251,8 @@ class NoticeSources:
                 data = {"periodId": start, "spentMicro": spent, "thresholdMicro": threshold}
                 notices.append(compose("payg.spending", account, data, f"payg.spending:{account}:{start}"))
         await self._emit(notices)
-        await self._advance("payg", [t for _, t in reserved])
+        self._judge("payg", judged)
+        await self._advance("payg", [t for _, t, _ in seen])
 
     # The contract's events ------------------------------------------------------------------------------
     async def _purchases(self) -> None:

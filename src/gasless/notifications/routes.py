@@ -6,10 +6,10 @@ from __future__ import annotations
 import html
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
-from gasless.auth.deps import AccountRead, AccountWrite, account_read
+from gasless.auth.deps import AccountAccess, AccountWrite, account_access
 from gasless.errors import ApiError
 from gasless.http.json_body import api_router
 from gasless.keys.routes import WRITE_LIMIT
@@ -19,7 +19,10 @@ from gasless.notifications.schemas import NotificationPrefs, NotificationPrefsUp
 
 router = api_router(tags=["notifications"])
 links_router = APIRouter(include_in_schema=False)
-PRIVATE_READ = private_read(account_read)
+# The owner only, even suspended (the preferences hold the owner's address: not for authorised senders).
+owner_read = account_access("revoke")
+OwnerRead = Annotated[AccountAccess, Depends(owner_read)]
+PRIVATE_READ = private_read(owner_read)
 NO_STORE = "private, no-store"
 
 
@@ -34,7 +37,7 @@ def _service(request: Request) -> Any:
     dependencies=[PRIVATE_READ],
     summary="Thresholds, the e-mail channel and its verification state, per-kind e-mail switches",
 )
-async def get_notification_prefs(request: Request, access: AccountRead) -> JSONResponse:
+async def get_notification_prefs(request: Request, access: OwnerRead) -> JSONResponse:
     document: NotificationPrefs = await _service(request).get(access.account)
     return JSONResponse(document.model_dump(mode="json"), headers={"Cache-Control": NO_STORE})
 
