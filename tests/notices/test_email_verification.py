@@ -137,3 +137,46 @@ def test_an_unverified_address_receives_no_notice(served: Any, smtp: Any, receiv
     assert revoked.status_code == 204
     smtp.wait_subject(address, "API key revoked")  # mailed after the third key's creation notice
     assert not any(third_key["keyId"] in m.text and "created" in m.subject for m in smtp.mails_to(address))
+
+
+def test_a_mail_refused_at_first_is_retried(served: Any) -> None:
+    """No SMTP server answers at first: the verification mail waits in the outbox and goes out once one does
+    (retried with back-off, never lost)."""
+    import asyncio
+    import socket
+    import threading
+
+    from gasless.notifications.mail import MailCatcher
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server, _env, auth = served(**FAST, smtp_url=f"smtp://127.0.0.1:{port}")
+    account = auth.account()
+    address = _address()
+    assert (
+        put_prefs(server.client, account, auth.bearer(account), {"email": {"address": address}}).status_code
+        == 200
+    )
+    outbox = server.host.notifications.outbox
+    loop = server.server_loop()
+
+    def attempts() -> int:
+        rows = asyncio.run_coroutine_threadsafe(outbox.for_account(account.address), loop).result(10)
+        return rows[0].attempts if rows and rows[0].last_error else 0
+
+    wait_until(lambda: attempts() >= 2, "two refused attempts")
+    catcher_loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=catcher_loop.run_forever, daemon=True)
+    thread.start()
+    catcher = MailCatcher(port=port)
+    asyncio.run_coroutine_threadsafe(catcher.start(), catcher_loop).result(10)
+    try:
+        wait_until(lambda: [m for m in catcher.mails if address in m.envelope_to], "the retried mail")
+        rows = asyncio.run_coroutine_threadsafe(outbox.for_account(account.address), loop).result(10)
+        assert rows[0].status == "sent" and rows[0].attempts >= 3 and rows[0].sent_at_ms is not None
+        assert len([m for m in catcher.mails if address in m.envelope_to]) == 1
+    finally:
+        asyncio.run_coroutine_threadsafe(catcher.stop(), catcher_loop).result(10)
+        catcher_loop.call_soon_threadsafe(catcher_loop.stop)
+        thread.join(10)
