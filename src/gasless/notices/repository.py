@@ -262,11 +262,12 @@ class SourceReads:
                 (await conn.execute(select(func.coalesce(func.max(mirror_purchases.c.seq), 0)))).scalar_one()
             )
 
-    async def accounts(self) -> list[Any]:
-        """The mirrored accounts with a running plan block (period-ending checks)."""
+    async def accounts(self, after_nonce: int = -1) -> list[Any]:
+        """The mirrored accounts with a running plan block (period-ending checks), or only those the mirror
+        refreshed after hyperblock `after_nonce`."""
         c = mirror_accounts.c
-        query = select(c.address, c.running, c.auto_renew, c.escrow_micro, c.payg).where(
-            c.running.is_not(None)
+        query = select(c.address, c.running, c.auto_renew, c.hyperblock_nonce).where(
+            c.running.is_not(None), c.hyperblock_nonce > after_nonce
         )
         async with self.engine.connect() as conn:
             return list((await conn.execute(query)).all())

@@ -150,6 +150,7 @@ class NoticeSources:
         self.clock = clock
         self._seen: set[str] = set()  # dedupe keys stored or found stored (saves the insert attempt)
         self._period_scan_at = 0
+        self._period_nonce = -1  # the newest mirror refresh the period-ending check has seen
         # (source, account) -> the state already judged (newest write, and a count that moves with every
         # change even within one millisecond): the lookback shows rows again for 60 s, and judging an
         # account reads its Quota, so each change is judged once per leader.
@@ -278,19 +279,22 @@ class NoticeSources:
             await self.repo.save_cursor("purchases", int(rows[-1].seq), self.clock())
 
     async def _period_ending(self) -> None:
+        """Accounts the mirror just refreshed (a purchase, a grant) at once; all of them every minute, as
+        time brings plan ends into the 72 h window."""
         now = self.clock()
-        if now - self._period_scan_at < PERIOD_SCAN_MS:
-            return
-        self._period_scan_at = now
+        everyone = now - self._period_scan_at >= PERIOD_SCAN_MS
+        rows = await self.reads.accounts(-1 if everyone else self._period_nonce)
+        if everyone:
+            self._period_scan_at = now
         notices = []
-        for row in await self.reads.accounts():
+        for row in rows:
+            self._period_nonce = max(self._period_nonce, int(row.hyperblock_nonce))
             end = int((row.running or {}).get("end_ms") or 0)
             if not end or not (now < end <= now + PERIOD_ENDING_MS):
                 continue
             data = {"endMs": end, "tierId": row.running.get("tier_id"), "autoRenew": bool(row.auto_renew)}
-            notices.append(
-                compose("plan.period_ending", row.address, data, f"plan.period_ending:{row.address}:{end}")
-            )
+            key = f"plan.period_ending:{row.address}:{end}"
+            notices.append(compose("plan.period_ending", row.address, data, key))
         await self._emit(notices)
 
     async def _escrow(self) -> None:
