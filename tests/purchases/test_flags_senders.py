@@ -36,17 +36,20 @@ def relayed_one(env: Any, sender: Any, prepared: dict[str, Any], lease: str | No
 
 
 def usage_row(env: Any, owner: Any, tx_hash: str) -> dict[str, Any]:
-    """`GET /v1/usage/{txHash}` as the account's owner (native-auth) sees it, once the row exists."""
-    block = env.client.get("/v1/network").json()["nativeAuth"]["blockHash"]
-    token = make_native_auth_token(
-        owner.key, origin=env.settings.network.app_origin, block_hash=block, ttl_seconds=600
-    )
+    """`GET /v1/usage/{txHash}` as the account's owner (native-auth) sees it, once the row exists. A token
+    is made on the newest block each time: after a test moved the chain's clock and back, the service's
+    record of recent blocks can refuse a block for a moment (401 TOKEN_INVALID), until newer blocks come."""
     deadline = time.monotonic() + 15
     while True:
+        block = env.client.get("/v1/network").json()["nativeAuth"]["blockHash"]
+        token = make_native_auth_token(
+            owner.key, origin=env.settings.network.app_origin, block_hash=block, ttl_seconds=600
+        )
         answer = env.client.get(f"/v1/usage/{tx_hash}", headers={"Authorization": f"Bearer {token}"})
         if answer.status_code == 200:
             return answer.json()["row"]  # type: ignore[no-any-return]
-        assert answer.status_code == 404 and time.monotonic() < deadline, answer.text
+        waiting = answer.status_code == 404 or answer.json().get("code") in ("TOKEN_INVALID", "TOKEN_EXPIRED")
+        assert waiting and time.monotonic() < deadline, answer.text
         time.sleep(0.05)
 
 
