@@ -14,7 +14,6 @@ cross-host fan-out.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable
@@ -31,6 +30,7 @@ from gasless.notifications.links import VerificationLinks
 from gasless.notifications.mail import MailWorker, SmtpTarget
 from gasless.notifications.repository import MailOutbox, PrefsRepository
 from gasless.notifications.service import NotificationService
+from gasless.workers import PollingLoop
 
 log = structlog.get_logger("gasless.notices")
 
@@ -57,39 +57,18 @@ class NoticeWorker:
         self.record_webhook = record_webhook
         self.poll_ms = poll_ms
         self.clock = clock
-        self.wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._failing = False
+        self.loop = PollingLoop("notice-worker", self._tick, poll_ms=poll_ms)
+        self.wake = self.loop.wake
 
     async def start(self) -> None:
-        if self._task is None:
-            self._task = asyncio.create_task(self._run(), name="notice-worker")
+        self.loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.loop.stop()
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.sources.scan()
-                while await self.dispatch() == DISPATCH_BATCH:
-                    pass
-                if self._failing:
-                    log.info("notice worker recovered")
-                self._failing = False
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the worker outlives database failures
-                if not self._failing:
-                    log.warning("notice worker failed", error=repr(exc))
-                self._failing = True
-            self.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self.poll_ms / 1000)
+    async def _tick(self) -> bool:
+        await self.sources.scan()
+        return await self.dispatch() == DISPATCH_BATCH
 
     async def dispatch(self) -> int:
         rows = await self.repo.undispatched(DISPATCH_BATCH)
@@ -128,35 +107,22 @@ class NoticeTail:
         self.pricing = pricing
         self.poll_ms = poll_ms
         self.seq: int | None = None
-        self._task: asyncio.Task[None] | None = None
+        self.loop = PollingLoop("notice-tail", self._tick, poll_ms=poll_ms)
 
     async def start(self) -> None:
         with contextlib.suppress(Exception):  # a database not answering yet: the first tick sets it
             self.seq = await self.repo.last_seq()  # what exists at start-up is not news
-        self._task = asyncio.create_task(self._run(), name="notice-tail")
+        self.loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.loop.stop()
 
-    async def _run(self) -> None:
-        while True:
-            try:
-                if self.seq is None:
-                    self.seq = await self.repo.last_seq()
-                while True:
-                    rows = await self.repo.after(self.seq, 500)
-                    await self._deliver(rows)
-                    if len(rows) < 500:
-                        break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - a stream source outlives database hiccups
-                log.warning("notice tail failed", error=type(exc).__name__)
-            await asyncio.sleep(self.poll_ms / 1000)
+    async def _tick(self) -> bool:
+        if self.seq is None:
+            self.seq = await self.repo.last_seq()
+        rows = await self.repo.after(self.seq, 500)
+        await self._deliver(rows)
+        return len(rows) == 500
 
     async def _deliver(self, rows: list[NoticeRow]) -> None:
         pricing_changed = False

@@ -32,6 +32,7 @@ from aiosmtpd.smtp import SMTP as SmtpProtocol
 from aiosmtpd.smtp import Envelope, Session
 
 from gasless.notifications.repository import MailOutbox, MailRow
+from gasless.workers import PollingLoop
 
 log = structlog.get_logger("gasless.mail")
 
@@ -103,35 +104,21 @@ class MailWorker:
         self.poll_ms = poll_ms
         self.timeout_ms = timeout_ms
         self.clock = clock
-        self.wake = asyncio.Event()  # set when mail was queued on this host: look at once
-        self._task: asyncio.Task[None] | None = None
+        self.loop = PollingLoop("mail-worker", self._tick, poll_ms=poll_ms)
+        self.wake = self.loop.wake  # set when mail was queued on this host: look at once
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="mail-worker")
+        self.loop.start()
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self.loop.stop()
 
-    async def _run(self) -> None:
-        while True:
-            claimed: list[MailRow] = []
-            try:
-                claimed = await self.outbox.claim_due(
-                    worker=self.worker_id, now_ms=self.clock(), lease_ms=LEASE_MS, limit=CLAIM_BATCH
-                )
-                await asyncio.gather(*(self.attempt(row) for row in claimed))
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # database hiccup: next round
-                log.warning("mail claim failed", error=type(exc).__name__)
-            if len(claimed) < CLAIM_BATCH:
-                self.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), self.poll_ms / 1000)
+    async def _tick(self) -> bool:
+        claimed = await self.outbox.claim_due(
+            worker=self.worker_id, now_ms=self.clock(), lease_ms=LEASE_MS, limit=CLAIM_BATCH
+        )
+        await asyncio.gather(*(self.attempt(row) for row in claimed))
+        return len(claimed) == CLAIM_BATCH
 
     async def attempt(self, row: MailRow) -> None:
         error: str | None = None
