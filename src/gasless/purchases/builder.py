@@ -190,9 +190,32 @@ class CallBuilder:
             ) from exc
         units = int(estimate.get("txGasUnits") or 0)
         if units <= 0:
-            message = estimate.get("returnMessage") or "no estimate"
+            message = str(estimate.get("returnMessage") or "no estimate")
+            paused = _pause_refusal(message)
+            if paused is not None:  # a pause the chain saw before this host's cached views did
+                raise paused
             raise ApiError(
                 "UPSTREAM_UNAVAILABLE", detail=f"the gateway could not estimate the call's gas: {message}"
             )
         processing = max(0, units - movement)
         return movement + math.ceil(processing * PROCESSING_MARGIN)
+
+
+# The contract's pause errors, when the gas estimate meets them: the same answers as the pause checks give.
+_PAUSES = {
+    "ERR_SWAP_VENUE_PAUSED": ("SWAP_VENUE_PAUSED", None),
+    "ERR_PAUSED": ("CONTRACT_PAUSED", "global"),
+    "ERR_DEPOSITS_PAUSED": ("CONTRACT_PAUSED", "deposits"),
+}
+
+
+def _pause_refusal(message: str) -> ApiError | None:
+    for error, (code, scope) in _PAUSES.items():
+        if error in message.split(":")[-1].split():
+            details: dict[str, object] = {"retryAfterMs": 30_000}
+            if scope is not None:
+                details = {"scope": scope, **details}
+            return ApiError(
+                code, detail=f"the chain refuses the call now ({error}); nothing was built", details=details
+            )
+    return None
