@@ -201,7 +201,7 @@ def test_rendezvous_moves_only_the_users_of_a_removed_relayer(
     for user in users:
         before = rendezvous(user, pool)
         after = rendezvous(user, rest)
-        assert before is not None and after is not None
+        assert before in pool and after in rest  # always one of the shard's relayers
         if before != gone:
             assert after == before  # nobody else moves
         assert after != gone

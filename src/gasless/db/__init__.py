@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gasless.db import notice_tables as notice_tables  # registers its tables on the metadata
 from gasless.db.engine import (
     begin_write,
     create_engine,

@@ -16,6 +16,7 @@ from sqlalchemy import and_, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db import begin_write, dialect_insert
+from gasless.db.notice_tables import notice_acks, notices
 from gasless.db.tables import (
     account_period_usage,
     api_keys,
@@ -24,8 +25,6 @@ from gasless.db.tables import (
     intents,
     mirror_accounts,
     mirror_purchases,
-    notice_acks,
-    notices,
     reservations,
     service_meta,
     usage_ledger,

@@ -15,7 +15,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db import begin_write, dialect_insert
-from gasless.db.tables import mail_outbox, notification_prefs
+from gasless.db.notice_tables import mail_outbox, notification_prefs
 
 
 @dataclass(frozen=True)
