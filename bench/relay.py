@@ -43,20 +43,20 @@ from typing import Any
 
 import aiohttp
 from multiversx_sdk import Transaction, TransactionComputer, UserPEM, UserSecretKey
-from rich.console import Console
 from rich.table import Table
 
 from gasless.chain.abi import load_billing_abi
 from gasless.chain.addresses import address_of, parse_address
 from gasless.chain.calls import contract_call
 from gasless.chain.codec import signing_bytes, tx_hash, verify_ed25519
+from gasless.cli.output import CliConsole
 from gasless.relay.checks import presence_message
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST_IDS = ("a", "b")
 SECRET = "bench-master-secret-0123456789abcdef0123456789"
 computer = TransactionComputer()
-console = Console()
+console = CliConsole()  # never cut when not a terminal
 
 
 def free_port() -> int:

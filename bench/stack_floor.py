@@ -33,16 +33,16 @@ from typing import Any
 import aiohttp
 from multiversx_sdk import Transaction, TransactionComputer, UserPEM, UserSecretKey
 from pydantic import BaseModel, ConfigDict
-from rich.console import Console
 from rich.table import Table
 
 from gasless.chain.addresses import address_of, shard_of_pubkey
+from gasless.cli.output import CliConsole
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from relay import cpu_seconds, floor, free_port, percentile, stop_processes, wait_ok  # noqa: E402  (the sibling benchmark)
 
 computer = TransactionComputer()
-console = Console()
+console = CliConsole()  # never cut when not a terminal
 
 
 class WireTx(BaseModel):

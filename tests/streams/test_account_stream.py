@@ -105,11 +105,11 @@ def test_intent_events_in_order_then_resume_and_reset(served: Any, sse: Any) -> 
             frame = old.frame()
         finally:
             old.close()
-        assert (
-            frame["event"] == "reset"
-            and frame["data"]["reason"] == "window"
-            and frame["id"] == f"{prefix}{head + 1}"
-        )
+        # The head id when the stream opened: a later event of the account (a quota or notice event the
+        # background workers publish) may have moved the head past the one published here.
+        assert frame["event"] == "reset" and frame["data"]["reason"] == "window", frame
+        assert frame["id"].startswith(prefix), frame
+        assert head + 1 <= _seq(frame) <= host.streams.hub.head(account.address), frame
     finally:
         host.streams.hub.replay_events = 1_000
 
