@@ -64,6 +64,21 @@ from relay import (  # noqa: E402  (the sibling benchmark)
 console = CliConsole()  # never cut when not a terminal
 GASLESS, PEER = "gasless", "peer"
 
+# Loaded into the peer with `node --require`: its server listens on IPv4 only, as on an IPv4-only host. On a
+# dual-stack listener every IPv4 client is an IPv4-mapped IPv6 address, which its rate limiter
+# (express-rate-limit 8, 100 requests per 15 minutes) folds into one /56 key: all clients together would get
+# 100 relays. Listening on IPv4 gives each client address its own key, as each agent has in production.
+IPV4_LISTEN = """
+const net = require('net');
+const listen = net.Server.prototype.listen;
+net.Server.prototype.listen = function (...args) {
+  if (typeof args[0] === 'number' && (args.length === 1 || typeof args[1] === 'function')) {
+    args.splice(1, 0, '0.0.0.0');
+  }
+  return listen.apply(this, args);
+};
+"""
+
 
 @dataclass
 class RunResult:
@@ -228,6 +243,7 @@ class Bench:
         owner = load_or_create_wallet(self.wallets, "owner")
         await unpause(self.gateway, owner, self.info["contract"])
         # The peer keeps one wallet per shard (the last it loads wins): give it the first funded one of each.
+        (self.data_dir / "ipv4-listen.cjs").write_text(IPV4_LISTEN)
         peer_wallets = self.data_dir / "peer-wallets"
         peer_wallets.mkdir()
         for shard in range(3):
@@ -275,6 +291,7 @@ class Bench:
             "DB_PATH": str(self.data_dir / f"peer-{run}.db"),
             "QUOTA_LIMIT": "1000000000",
             "PORT": str(port),
+            "NODE_OPTIONS": f"--require {self.data_dir / 'ipv4-listen.cjs'}",
         }
         proc = subprocess.Popen(
             ["node", str(self.peer_entry)],

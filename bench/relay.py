@@ -89,36 +89,41 @@ async def wait_ok(session: aiohttp.ClientSession, url: str, timeout: float = 60)
 async def grant_plans(
     session: aiohttp.ClientSession, gateway: str, info: dict[str, Any], senders: list[Any]
 ) -> None:
-    """The owner grants a plan to every sender: consecutive nonces, sent at once, then awaited."""
+    """The owner grants a plan to every sender: consecutive nonces, sent in batches (the pool holds a bounded
+    number of one sender's transactions), each batch awaited."""
     owner = UserPEM.from_file(Path(info["ownerPem"])).secret_key
     owner_address = address_of(owner.generate_public_key().buffer)
     async with session.get(f"{gateway}/address/{owner_address.to_bech32()}/nonce") as resp:
         nonce = (await resp.json())["data"]["nonce"]
     abi = load_billing_abi()
-    hashes = []
-    for i, key in enumerate(senders):
-        tx = contract_call(
-            abi=abi,
-            chain_id="localnet",
-            sender=owner_address,
-            contract=parse_address(info["contract"]),
-            function="grant",
-            arguments=[address_of(key.generate_public_key().buffer), 5, 1],
-            gas_limit=20_000_000,
-            nonce=nonce + i,
-        )
-        tx.signature = owner.sign(computer.compute_bytes_for_signing(tx))
-        async with session.post(f"{gateway}/transaction/send", json=tx.to_dictionary()) as resp:
-            hashes.append((await resp.json())["data"]["txHash"])
-    for h in hashes:
-        while True:
-            async with session.get(f"{gateway}/transaction/{h}/status") as resp:
-                status = (await resp.json())["data"]["status"]
-            if status == "success":
-                break
-            if status in ("fail", "invalid"):
-                raise RuntimeError(f"grant failed: {status}")
-            await asyncio.sleep(0.1)
+    for first in range(0, len(senders), 50):
+        hashes = []
+        for i, key in enumerate(senders[first : first + 50], start=first):
+            tx = contract_call(
+                abi=abi,
+                chain_id="localnet",
+                sender=owner_address,
+                contract=parse_address(info["contract"]),
+                function="grant",
+                arguments=[address_of(key.generate_public_key().buffer), 5, 1],
+                gas_limit=20_000_000,
+                nonce=nonce + i,
+            )
+            tx.signature = owner.sign(computer.compute_bytes_for_signing(tx))
+            async with session.post(f"{gateway}/transaction/send", json=tx.to_dictionary()) as resp:
+                answer = await resp.json()
+            if not (answer.get("data") or {}).get("txHash"):
+                raise RuntimeError(f"grant refused: {answer}")
+            hashes.append(answer["data"]["txHash"])
+        for h in hashes:
+            while True:
+                async with session.get(f"{gateway}/transaction/{h}/status") as resp:
+                    status = (await resp.json())["data"]["status"]
+                if status == "success":
+                    break
+                if status in ("fail", "invalid"):
+                    raise RuntimeError(f"grant failed: {status}")
+                await asyncio.sleep(0.1)
 
 
 async def prepare(

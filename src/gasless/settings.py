@@ -127,7 +127,7 @@ class Settings(BaseSettings):
     relayer_key_files: Annotated[list[Path], NoDecode] = Field(default_factory=list)
     relayer_min_balance_atto: int = Field(default=50_000_000_000_000_000, ge=0)  # 0.05 EGLD
     relayer_refresh_ms: int = Field(default=5_000, ge=100)
-    latency_rollup_ms: int = Field(default=1_000, ge=50, description="the latency rollup worker's period")
+    latency_rollup_ms: int = Field(default=5_000, ge=50, description="the latency rollup worker's period")
     latency_rollup_enabled: bool = Field(
         default=True, description="off only to measure its cost (bench/relay.py)"
     )

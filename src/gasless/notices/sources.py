@@ -26,6 +26,10 @@ log = structlog.get_logger("gasless.notices")
 LOOKBACK_MS = (
     60_000  # rows are looked for this far behind the cursor (clock skew between hosts, slow commits)
 )
+# An account's usage (and PAYG spending) is judged at most this often: judging reads its Quota (several
+# queries), and a busy account's usage changes with every relay. A change waiting for its turn is still
+# within the lookback when it comes (JUDGE_SPACING_MS < LOOKBACK_MS), so it is judged, at most this late.
+JUDGE_SPACING_MS = 10_000
 AFFECTED_BEFORE_MS = (
     86_400_000  # an incident affects accounts that relayed in the 24 h before it, or during it
 )
@@ -155,6 +159,7 @@ class NoticeSources:
         # change even within one millisecond): the lookback shows rows again for 60 s, and judging an
         # account reads its Quota, so each change is judged once per leader.
         self._judged: dict[tuple[str, str], tuple[int, int]] = {}
+        self._judged_at: dict[tuple[str, str], int] = {}  # (source, account) -> clock when last judged
 
     async def _emit(self, notices: list[NewNotice]) -> None:
         fresh = [n for n in notices if n.dedupe_key not in self._seen]
@@ -182,14 +187,23 @@ class NoticeSources:
                 log.warning("notice source failed", source=source.__name__, error=repr(exc))
 
     def _unjudged(self, source: str, changed: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
-        fresh = [(a, t, n) for a, t, n in changed if self._judged.get((source, a)) != (t, n)]
+        now = self.clock()
+        fresh = [
+            (a, t, n)
+            for a, t, n in changed
+            if self._judged.get((source, a)) != (t, n)
+            and now - self._judged_at.get((source, a), now - JUDGE_SPACING_MS) >= JUDGE_SPACING_MS
+        ]
         if len(self._judged) > 100_000:
             self._judged.clear()
+            self._judged_at.clear()
         return fresh
 
     def _judge(self, source: str, changed: list[tuple[str, int, int]]) -> None:
+        now = self.clock()
         for account, at, count in changed:
             self._judged[(source, account)] = (at, count)
+            self._judged_at[(source, account)] = now
 
     async def _since(self, name: str) -> int:
         saved = await self.repo.cursor(name)
