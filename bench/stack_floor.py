@@ -39,7 +39,15 @@ from gasless.chain.addresses import address_of, shard_of_pubkey
 from gasless.cli.output import CliConsole
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from relay import cpu_seconds, floor, free_port, percentile, stop_processes, wait_ok  # noqa: E402  (the sibling benchmark)
+from relay import (  # noqa: E402  (the sibling benchmark)
+    InstructionCount,
+    cpu_seconds,
+    floor,
+    free_port,
+    percentile,
+    stop_processes,
+    wait_ok,
+)
 
 computer = TransactionComputer()
 console = CliConsole()  # never cut when not a terminal
@@ -273,9 +281,12 @@ async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             with console.status("floor (before)"):
                 floor_before = floor(args.floor_count, relayer)
             with console.status(f"bare endpoint: {len(bodies)} relays at concurrency {args.concurrency}"):
+                counter = InstructionCount([server.pid])
+                counter.start()
                 cpu_before = cpu_seconds([server])
                 elapsed, latencies = await post_streams(session, f"{api}/relay", bodies, args.concurrency)
                 cpu_used = cpu_seconds([server]) - cpu_before
+                instructions = counter.stop()
             ok = len(latencies)
             rate = ok / elapsed
             await asyncio.sleep(3)  # let localnet execute the first set
@@ -316,10 +327,19 @@ async def run(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
         f"bare endpoint / work floor = {rate / work_floor:.1%} of the throughput; its CPU per relay is "
         f"{cpu_ms * work_floor / 1000:.1f} times the floor's"
     )
+    # The yardstick of the service's cost (issue 17: the API's instructions per relay at its maximum <= 2x
+    # these); perf_event must count instructions here (a VM without a PMU reports them unsupported).
+    instructions_per_relay = instructions / max(1, ok) if instructions else None
+    console.print(
+        f"bare endpoint instructions per relay at its max: {instructions_per_relay / 1e6:.2f} M"
+        if instructions_per_relay
+        else "bare endpoint instructions per relay: unavailable (perf missing, or this machine has no instruction counter)"
+    )
     result = {
         "ok": ok,
         "relays_per_s": rate,
         "cpu_ms_per_relay": cpu_ms,
+        "instructions_per_relay": instructions_per_relay,
         "work_floor_per_s": work_floor,
         "work_floor_before_after": [floor_before, floor_after],
         "paced_accept_to_cosign_ms": {q: percentile(paced, q) for q in (50, 95, 99)},
