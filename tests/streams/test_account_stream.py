@@ -53,7 +53,9 @@ def test_intent_events_in_order_then_resume_and_reset(served: Any, sse: Any) -> 
         stream.close()
     assert all(f["event"] == "intents" and f["id"].startswith(prefix) for f in frames)
     seqs = [_seq(f) for f in frames]
-    assert seqs[0] == 1 and seqs == sorted(set(seqs))  # in order; other topics' events fill the gaps
+    assert seqs[0] >= 1 and seqs == sorted(
+        set(seqs)
+    )  # in order; other topics' events (quota) fill gaps, first too
     states = [f["data"]["data"]["state"] for f in frames]
     order = ["COSIGNED", "BROADCAST", "EXECUTED", "FINALIZED"]
     assert [order.index(s) for s in states] == sorted(order.index(s) for s in states) and states[

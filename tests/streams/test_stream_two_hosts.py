@@ -50,7 +50,7 @@ def test_tickets_and_events_cross_hosts(served: Any, sse: Any, redis_url: str, t
         # In a's own numbering, in order (the account's `quota` events, not selected here, fill gaps).
         seqs = [int(f["id"].rsplit(".", 1)[1]) for f in frames]
         assert all(f["id"].startswith(f"a.{host_a.host.boot_epoch_ms}.") for f in frames)
-        assert seqs[0] == 1 and seqs == sorted(set(seqs))
+        assert seqs[0] >= 1 and seqs == sorted(set(seqs))  # a quota event may come first (seen in CI)
         assert frames[-1]["data"]["data"]["state"] == "FINALIZED"
         # b's own id for the account is not resumable on a.
         reset = sse(

@@ -214,6 +214,15 @@ async def run_read(engine: AsyncEngine, work: Callable[[Connection], T]) -> T:
     return _sync_read(_threads(engine).engine, work)
 
 
+async def run_read_off_loop(engine: AsyncEngine, work: Callable[[Connection], T]) -> T:
+    """`work(conn)` on a read connection in a worker thread where the engine allows it (a SQLite file), so
+    a large read and what `work` computes from it do not stall the loop; elsewhere as `run_read`. For
+    background jobs: the hot path's small reads are cheaper inline (`run_read`)."""
+    if not _threaded(engine):
+        return await run_read(engine, work)
+    return await asyncio.to_thread(_sync_read, _threads(engine).engine, work)
+
+
 async def ping(engine: AsyncEngine, timeout: float = 2.0) -> bool:
     """True when the database answers `SELECT 1` within `timeout` seconds; never raises."""
     try:

@@ -24,7 +24,7 @@ from hdrh.histogram import HdrHistogram
 from sqlalchemy import Connection, and_, delete, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gasless.db.engine import dialect_insert, run_read, run_write
+from gasless.db.engine import dialect_insert, run_read_off_loop, run_write
 from gasless.db.tables import latency_rollups, usage_ledger
 from gasless.relay.intents import latency
 
@@ -188,7 +188,7 @@ class RollupRepository:
         """Merge one batch of terminal, not yet counted usage rows; the number counted.
 
         Three steps, so the database's write lock is held only for the writes: read the batch and the
-        stored histograms it merges into; merge and encode in a worker thread (the dear part: a batch
+        stored histograms it merges into, then merge and encode them, both off the event loop (a batch
         touches up to 8 dimensions x 4 metrics x 2 granularities per account); then one short write
         transaction that first checks nothing moved meanwhile (the rows still uncounted, each stored
         histogram still at the count read: every merge raises it) and else writes nothing (next tick).
@@ -229,7 +229,7 @@ class RollupRepository:
             ).all()
             return rows, (stored(conn, list(rollup_keys(rows)), histograms=True) if rows else {})
 
-        rows, existing = await run_read(self.engine, read)
+        rows, existing = await run_read_off_loop(self.engine, read)
         if not rows:
             return 0
         fresh = await asyncio.to_thread(merge_rows, rows, existing, round_ms)
