@@ -201,7 +201,8 @@ def relay_settings(tmp_path: Path, localnet: Any, **overrides: Any) -> Settings:
         "wrapper_address": info.get("wrapper"),
         "relayer_key_files": [w.path for w in localnet.net.genesis.relayers],
         "relayer_refresh_ms": 200,
-        "signer_fence_ttl_ms": 5_000,
+        # Long enough that a loaded CI machine never lets the proof lapse between renewals (seen at 5 s).
+        "signer_fence_ttl_ms": 15_000,
     }
     values.update(overrides)
     return Settings(**values)
