@@ -141,7 +141,7 @@ class LocalAddresses:
 
 async def post_streams(
     bodies: list[tuple[str, dict[str, Any]]],
-    sender_of: Any,
+    tx_member: str,
     concurrency: int,
     rate: float | None,
     addresses: LocalAddresses,
@@ -150,7 +150,7 @@ async def post_streams(
     request i is due at start + i / rate (open loop). Returns (seconds, [(status, latency ms, answer)])."""
     streams: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
     for index, (url, body) in enumerate(bodies):
-        streams.setdefault(sender_of(body), []).append((index, url, body))
+        streams.setdefault(str(body[tx_member]["sender"]), []).append((index, url, body))
     sessions = {
         sender: aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, local_addr=(addresses.take(), 0)),
@@ -271,14 +271,20 @@ class Bench:
                 sorted(str(p) for p in self.wallets.glob("relayer-s*.pem"))
             ),
         }
+        return await self._start(
+            [sys.executable, "-m", "gasless.cli", "serve", "--port", str(port)], env, port, "/readyz"
+        )
+
+    async def _start(
+        self, command: list[str], env: dict[str, str], port: int, ready_path: str, cwd: Path | None = None
+    ) -> tuple[subprocess.Popen[bytes], str]:
+        """One relayer process, quiet, awaited until `ready_path` answers 200."""
+        assert self.session is not None
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gasless.cli", "serve", "--port", str(port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         url = f"http://127.0.0.1:{port}"
-        await wait_ok(self.session, f"{url}/readyz")
+        await wait_ok(self.session, f"{url}{ready_path}")
         return proc, url
 
     async def start_peer(self, run: str) -> tuple[subprocess.Popen[bytes], str]:
@@ -293,16 +299,9 @@ class Bench:
             "PORT": str(port),
             "NODE_OPTIONS": f"--require {self.data_dir / 'ipv4-listen.cjs'}",
         }
-        proc = subprocess.Popen(
-            ["node", str(self.peer_entry)],
-            cwd=self.peer_entry.parent.parent,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+        return await self._start(
+            ["node", str(self.peer_entry)], env, port, "/health", self.peer_entry.parent.parent
         )
-        url = f"http://127.0.0.1:{port}"
-        await wait_ok(self.session, f"{url}/health")
-        return proc, url
 
     async def peer_bodies(
         self, url: str, senders: list[UserSecretKey], per_sender: int
@@ -342,14 +341,11 @@ class Bench:
             if service == GASLESS:
                 bodies = await prepare(self.session, [url], senders, per_sender, 0)
                 bodies = [(f"{api}/v1/relay", body) for api, body in bodies]
-
-                def sender_of(body: dict[str, Any]) -> str:
-                    return str(body["tx"]["sender"])
             else:
                 bodies = await self.peer_bodies(url, senders, per_sender)
-
-                def sender_of(body: dict[str, Any]) -> str:
-                    return str(body["transaction"]["sender"])
+            tx_member = (
+                "tx" if service == GASLESS else "transaction"
+            )  # where each body carries its transaction
 
             label = f"{phase} {service} (pair {pair + 1})" + (f" at {rate:.0f}/s" if rate else "")
             with console.status(f"{label}: {len(bodies)} relays, concurrency {self.args.concurrency}"):
@@ -357,7 +353,7 @@ class Bench:
                 counter.start()
                 cpu_before = cpu_seconds([proc])
                 elapsed, answers = await post_streams(
-                    bodies, sender_of, self.args.concurrency, rate, self.addresses
+                    bodies, tx_member, self.args.concurrency, rate, self.addresses
                 )
                 cpu_used = cpu_seconds([proc]) - cpu_before
                 instructions = counter.stop()
