@@ -128,6 +128,11 @@ class Settings(BaseSettings):
     relayer_min_balance_atto: int = Field(default=50_000_000_000_000_000, ge=0)  # 0.05 EGLD
     relayer_refresh_ms: int = Field(default=5_000, ge=100)
     latency_rollup_ms: int = Field(default=5_000, ge=50, description="the latency rollup worker's period")
+    latency_rollup_offload_rows: int = Field(
+        default=100,
+        ge=0,
+        description="a rollup batch of at least this many rows is merged in a child process (0: always)",
+    )
     latency_rollup_enabled: bool = Field(
         default=True, description="off only to measure its cost (bench/relay.py)"
     )

@@ -234,7 +234,15 @@ async def start_relay_core(
     rollups = RollupRepository(state.engine)
     round_ms = lambda: network.params.round_duration_ms  # noqa: E731
     if settings.latency_rollup_enabled:
-        singletons.add(ROLLUP_ROLE, LatencyRollup(rollups, round_ms, every_ms=settings.latency_rollup_ms))
+        singletons.add(
+            ROLLUP_ROLE,
+            LatencyRollup(
+                rollups,
+                round_ms,
+                every_ms=settings.latency_rollup_ms,
+                offload_rows=settings.latency_rollup_offload_rows,
+            ),
+        )
     state.latency, state.rollups = LatencyService(state.engine, rollups, round_ms), rollups
     probe_keys = [UserKey.from_pem(path) for path in settings.probe_key_files]
     probe_senders = tuple(key.address for key in probe_keys)

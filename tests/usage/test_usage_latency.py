@@ -4,7 +4,9 @@ sketch's merge property: percentiles of merged rollups match the raw figures wit
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 from hypothesis import given, settings
@@ -123,3 +125,56 @@ def test_the_summary_series_reads_its_percentiles_from_the_rollups(env: Any, aut
     series = _wait(measured)
     inclusion = series[-1]["inclusion"]
     assert inclusion["p50Ms"] <= inclusion["p95Ms"] <= inclusion["p99Ms"]
+
+
+def _merge_processes() -> list[int]:
+    """This test process's children that are multiprocessing workers (the rollups' merge process)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        if parent == os.getpid() and b"multiprocessing" in command:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_large_batch_is_merged_in_the_merge_process_with_the_same_figures(
+    env: Any, auth: Any, seed: Any
+) -> None:
+    """120 terminal rows at once (at least the offload threshold, 100): read and merged in a child process,
+    then written by the host; the percentiles match the raw figures within the sketch's error."""
+    owner = auth.account()
+    now = int(time.time() * 1000)
+    added = list(range(5, 125))  # one addedMs per row
+    for index, value in enumerate(added):
+        terminal = now - 2_000 + index
+        received = terminal - 900
+        seed.row(
+            owner.address,
+            terminal_at_ms=terminal,
+            received_at_ms=received,
+            broadcast_at_ms=received + value,
+            finalized_at_ms=terminal + 50,
+        )
+    headers = auth.bearer(owner)
+
+    def measured() -> Any:
+        answer = env.client.get(
+            "/v1/usage/latency", params={"account": owner.address, "window": "1h"}, headers=headers
+        )
+        assert answer.status_code == 200, answer.text
+        groups = answer.json()["groups"]
+        return groups[0] if groups and groups[0]["count"] == len(added) else None
+
+    group = _wait(measured, timeout=60)
+    assert _merge_processes(), "the batch was not merged in a child process"
+    for q in (50, 95, 99):
+        rank = max(1, int(q / 100 * len(added) + 0.5))
+        exact = sorted(added)[rank - 1]
+        assert abs(group["added"][f"p{q}Ms"] - exact) <= RELATIVE_ERROR * exact + 1, (q, group["added"])

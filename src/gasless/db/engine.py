@@ -185,6 +185,11 @@ def _threaded(engine: AsyncEngine) -> bool:
     return engine.dialect.name == "sqlite" and database not in ("", ":memory:") and "memory" not in database
 
 
+def shared_by_url(engine: AsyncEngine) -> bool:
+    """True when another process can open this database by its URL (not an in-memory SQLite)."""
+    return engine.dialect.name != "sqlite" or _threaded(engine)
+
+
 async def run_write(engine: AsyncEngine, work: Callable[[Connection], T]) -> T:
     """`work(conn)` in one write transaction, committed when it returns (rolled back if it raises)."""
     if not _threaded(engine):

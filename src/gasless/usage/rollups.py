@@ -14,17 +14,29 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import multiprocessing
+import os
+import threading
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from hdrh.histogram import HdrHistogram
-from sqlalchemy import Connection, and_, delete, select, tuple_, update
+from sqlalchemy import Connection, and_, delete, func, select, tuple_, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gasless.db.engine import dialect_insert, run_read_off_loop, run_write
+from gasless.db.engine import (
+    create_engine,
+    dialect_insert,
+    run_read,
+    run_read_off_loop,
+    run_write,
+    shared_by_url,
+)
 from gasless.db.tables import latency_rollups, usage_ledger
 from gasless.relay.intents import latency
 
@@ -37,6 +49,7 @@ MINUTE_MS, HOUR_MS, DAY_MS = 60_000, 3_600_000, 86_400_000
 GRANULARITIES = {"m": MINUTE_MS, "h": HOUR_MS}
 RETENTION_MS = {"m": 49 * HOUR_MS, "h": 91 * DAY_MS}
 BATCH = 500
+MERGE_TIMEOUT_S = 60.0  # a batch merges in well under a second; a child stuck this long is replaced
 ROLLUP_ROLE = "latency-rollup"
 SYNTHETIC_ROUTE = "probe"  # the synthetic probe's intents (status/probe.py)
 # Account-scoped dimensions (`<account>|<value>` keys) and the public ones.
@@ -180,61 +193,81 @@ class RollupRow:
     histogram: str
 
 
-class RollupRepository:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
+ROLLUP_KEY_COLUMNS = (
+    latency_rollups.c.granularity,
+    latency_rollups.c.bucket_ms,
+    latency_rollups.c.dimension,
+    latency_rollups.c.key,
+    latency_rollups.c.metric,
+)
+# What a usage row contributes is read from these columns alone (never the wire transaction).
+USAGE_FIGURE_COLUMNS = (
+    usage_ledger.c.tx_hash,
+    usage_ledger.c.route,
+    usage_ledger.c.account,
+    usage_ledger.c.sender,
+    usage_ledger.c.sender_shard,
+    usage_ledger.c.relayer,
+    usage_ledger.c.first_ack_gateway,
+    usage_ledger.c.received_at_ms,
+    usage_ledger.c.cosigned_at_ms,
+    usage_ledger.c.broadcast_at_ms,
+    usage_ledger.c.executed_block_ts_ms,
+    usage_ledger.c.finalized_at_ms,
+    usage_ledger.c.terminal_at_ms,
+)
+_UNCOUNTED = (
+    usage_ledger.c.rolled_up.is_(False),
+    (usage_ledger.c.finalized_at_ms.is_not(None)) | (usage_ledger.c.status == "dead"),
+)
 
-    async def roll_up(self, round_ms: int, now_ms: int, *, limit: int = BATCH) -> int:
-        """Merge one batch of terminal, not yet counted usage rows; the number counted.
 
-        Three steps, so the database's write lock is held only for the writes: read the batch and the
-        stored histograms it merges into, then merge and encode them, both off the event loop (a batch
-        touches up to 8 dimensions x 4 metrics x 2 granularities per account); then one short write
-        transaction that first checks nothing moved meanwhile (the rows still uncounted, each stored
-        histogram still at the count read: every merge raises it) and else writes nothing (next tick).
-        On SQLite a merge inside the transaction held the lock for hundreds of milliseconds every tick,
-        and every relay's commit point waited behind it (bench/relay.py --rollups: addedMs p99 at 50% load
-        439 ms with the rollups on, 113 ms with them off)."""
-        columns = (
-            latency_rollups.c.granularity,
-            latency_rollups.c.bucket_ms,
-            latency_rollups.c.dimension,
-            latency_rollups.c.key,
-            latency_rollups.c.metric,
-        )
+@dataclass(frozen=True)
+class PreparedBatch:
+    """One merged batch, ready for the short guarded write: the usage rows it counts, the count each stored
+    histogram had when read (None: not stored yet), and the rows to upsert."""
 
-        def stored(conn: Connection, keys: list[RollupKey], *, histograms: bool) -> dict[RollupKey, Any]:
-            """Each stored key's count, with its encoded histogram when `histograms`."""
-            found: dict[RollupKey, Any] = {}
-            values = (
-                (latency_rollups.c.count, latency_rollups.c.histogram)
-                if histograms
-                else (latency_rollups.c.count,)
-            )
-            for start in range(0, len(keys), 200):
-                chunk = keys[start : start + 200]
-                for row in conn.execute(select(*columns, *values).where(tuple_(*columns).in_(chunk))):
-                    found[tuple(row[:5])] = tuple(row[5:]) if histograms else row[5]  # type: ignore[index]
-            return found
+    hashes: list[str]
+    expected: dict[RollupKey, int | None]
+    params: list[dict[str, Any]]
 
-        def read(conn: Connection) -> tuple[list[Any], dict[RollupKey, tuple[int, str]]]:
-            rows = conn.execute(
-                select(usage_ledger)
-                .where(
-                    usage_ledger.c.rolled_up.is_(False),
-                    (usage_ledger.c.finalized_at_ms.is_not(None)) | (usage_ledger.c.status == "dead"),
-                )
-                .order_by(usage_ledger.c.terminal_at_ms)
-                .limit(limit)
-            ).all()
-            return rows, (stored(conn, list(rollup_keys(rows)), histograms=True) if rows else {})
 
-        rows, existing = await run_read_off_loop(self.engine, read)
-        if not rows:
-            return 0
-        fresh = await asyncio.to_thread(merge_rows, rows, existing, round_ms)
-        expected = {key: existing[key][0] if key in existing else None for key in fresh}
-        params = [
+def _stored(conn: Connection, keys: list[RollupKey], *, histograms: bool) -> dict[RollupKey, Any]:
+    """Each stored key's count, with its encoded histogram when `histograms`."""
+    found: dict[RollupKey, Any] = {}
+    values = (
+        (latency_rollups.c.count, latency_rollups.c.histogram) if histograms else (latency_rollups.c.count,)
+    )
+    for start in range(0, len(keys), 200):
+        chunk = keys[start : start + 200]
+        statement = select(*ROLLUP_KEY_COLUMNS, *values).where(tuple_(*ROLLUP_KEY_COLUMNS).in_(chunk))
+        for row in conn.execute(statement):
+            found[tuple(row[:5])] = tuple(row[5:]) if histograms else row[5]  # type: ignore[index]
+    return found
+
+
+def read_batch(conn: Connection, limit: int) -> tuple[list[Any], dict[RollupKey, tuple[int, str]]]:
+    """Up to `limit` terminal usage rows not yet counted, and the stored histograms they merge into."""
+    rows = conn.execute(
+        select(*USAGE_FIGURE_COLUMNS).where(*_UNCOUNTED).order_by(usage_ledger.c.terminal_at_ms).limit(limit)
+    ).all()
+    return rows, (_stored(conn, list(rollup_keys(rows)), histograms=True) if rows else {})
+
+
+def count_uncounted(conn: Connection, up_to: int) -> int:
+    """How many usage rows wait to be counted, counting no further than `up_to`."""
+    waiting = select(usage_ledger.c.tx_hash).where(*_UNCOUNTED).limit(up_to).subquery()
+    return int(conn.execute(select(func.count()).select_from(waiting)).scalar_one())
+
+
+def prepare(
+    rows: Sequence[Any], existing: dict[RollupKey, tuple[int, str]], round_ms: int, now_ms: int
+) -> PreparedBatch:
+    fresh = merge_rows(rows, existing, round_ms)
+    return PreparedBatch(
+        hashes=[row.tx_hash for row in rows],
+        expected={key: existing[key][0] if key in existing else None for key in fresh},
+        params=[
             {
                 "granularity": key[0],
                 "bucket_ms": key[1],
@@ -246,32 +279,129 @@ class RollupRepository:
                 "updated_at_ms": now_ms,
             }
             for key, (count, text) in fresh.items()
-        ]
-        hashes = [row.tx_hash for row in rows]
+        ],
+    )
+
+
+def prepare_in_child(database_url: str, round_ms: int, now_ms: int, limit: int) -> PreparedBatch:
+    """The read and the merge of one batch, run in the merge process (`MergeProcess`) on its own engine."""
+
+    async def run() -> PreparedBatch:
+        engine = create_engine(database_url)
+        try:
+            rows, existing = await run_read_off_loop(engine, lambda conn: read_batch(conn, limit))
+        finally:
+            await engine.dispose()
+        return prepare(rows, existing, round_ms, now_ms)
+
+    return asyncio.run(run())
+
+
+def _exit_with_parent(parent_pid: int) -> None:
+    """The merge process's initializer: exit when the host is gone (a SIGKILLed host leaves no orphan: the
+    pool's own pipes do not tell an idle worker its parent died)."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(1)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+class MergeProcess:
+    """One child process that reads and merges the large batches (`prepare_in_child`).
+
+    Why a process: the merge is pure Python (about 64 histogram records per intent, and a decode and an
+    encode per rollup key). In a thread it still held the GIL in bursts of a few hundred milliseconds every
+    tick, and every relay in flight on the event loop waited behind it (py-spy --gil, docs/performance.md).
+    Started on the first large batch (spawning costs about a second of CPU, so small batches, the common
+    case in tests and quiet hours, stay in process), kept for the host's life, replaced if it dies."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self._pool: ProcessPoolExecutor | None = None
+
+    async def prepare(self, round_ms: int, now_ms: int, limit: int) -> PreparedBatch:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                1,
+                mp_context=multiprocessing.get_context("spawn"),  # never fork a process running threads
+                initializer=_exit_with_parent,
+                initargs=(os.getpid(),),
+            )
+        job = asyncio.get_running_loop().run_in_executor(
+            self._pool, prepare_in_child, self.database_url, round_ms, now_ms, limit
+        )
+        try:
+            async with asyncio.timeout(MERGE_TIMEOUT_S):
+                return await job
+        except (BrokenProcessPool, TimeoutError):
+            self.close()  # a dead or stuck child: the next large batch starts a new one
+            raise
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.terminate()  # a stuck merge never outlives its host
+            pool.shutdown(wait=False, cancel_futures=True)
+
+
+class RollupRepository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    def database_url(self) -> str | None:
+        """The URL a merge process can open (none for an in-memory database: it exists in one process)."""
+        if not shared_by_url(self.engine):
+            return None
+        return self.engine.url.render_as_string(hide_password=False)
+
+    async def uncounted(self, up_to: int) -> int:
+        return await run_read(self.engine, lambda conn: count_uncounted(conn, up_to))
+
+    async def roll_up(self, round_ms: int, now_ms: int, *, limit: int = BATCH) -> int:
+        """Merge one batch in this process (a small one); the number of rows counted."""
+        rows, existing = await run_read_off_loop(self.engine, lambda conn: read_batch(conn, limit))
+        if not rows:
+            return 0
+        return await self.write(await asyncio.to_thread(prepare, rows, existing, round_ms, now_ms))
+
+    async def write(self, batch: PreparedBatch) -> int:
+        """Store one merged batch in a short write transaction that first checks nothing moved since the
+        read (the rows still uncounted, each stored histogram still at the count read: every merge raises
+        it), else writes nothing and the next tick merges again.
+
+        The merge happens before, outside the transaction: on SQLite a merge inside it held the write lock
+        for hundreds of milliseconds every tick, and every relay's commit point waited behind it
+        (bench/relay.py --rollups: addedMs p99 at 50% load 439 ms with the rollups on, 113 ms off)."""
+        if not batch.hashes:
+            return 0
 
         def write(conn: Connection) -> int:
             marked = conn.execute(
                 update(usage_ledger)
-                .where(usage_ledger.c.tx_hash.in_(hashes), usage_ledger.c.rolled_up.is_(False))
+                .where(usage_ledger.c.tx_hash.in_(batch.hashes), usage_ledger.c.rolled_up.is_(False))
                 .values(rolled_up=True)
             ).rowcount
-            now_stored = stored(conn, list(expected), histograms=False)
-            if marked != len(hashes) or any(now_stored.get(k) != v for k, v in expected.items()):
+            now_stored = _stored(conn, list(batch.expected), histograms=False)
+            if marked != len(batch.hashes) or any(now_stored.get(k) != v for k, v in batch.expected.items()):
                 raise RollupRaced
-            if params:
+            if batch.params:
                 upsert = dialect_insert(conn)(latency_rollups)
                 conn.execute(
                     upsert.on_conflict_do_update(
-                        index_elements=list(columns),
+                        index_elements=list(ROLLUP_KEY_COLUMNS),
                         set_={
                             "count": upsert.excluded.count,
                             "histogram": upsert.excluded.histogram,
                             "updated_at_ms": upsert.excluded.updated_at_ms,
                         },
                     ),
-                    params,  # one executemany: a statement per key cost more than the merging
+                    batch.params,  # one executemany: a statement per key cost more than the merging
                 )
-            return len(rows)
+            return len(batch.hashes)
 
         try:
             return await run_write(self.engine, write)
@@ -324,12 +454,19 @@ class RollupRepository:
 
 
 class LatencyRollup:
-    """The singleton feeding the rollups (role `latency-rollup`): a batch every `latency_rollup_ms` (5 s: a batch costs by the rollup keys it touches, not by its rows), retention hourly."""
+    """The singleton feeding the rollups (role `latency-rollup`): a batch every `latency_rollup_ms` (5 s: a
+    batch costs by the rollup keys it touches, not by its rows), retention hourly. A batch of at least
+    `offload_rows` rows is read and merged in a child process (`MergeProcess`), a smaller one in a thread."""
 
-    def __init__(self, repo: RollupRepository, round_ms: Any, *, every_ms: int = 5_000) -> None:
+    def __init__(
+        self, repo: RollupRepository, round_ms: Any, *, every_ms: int = 5_000, offload_rows: int = 100
+    ) -> None:
         self.repo = repo
         self.round_ms = round_ms  # a callable: the network's round duration
         self.every_ms = every_ms
+        self.offload_rows = offload_rows
+        url = repo.database_url()
+        self.merger = MergeProcess(url) if url is not None else None
         self._task: asyncio.Task[None] | None = None
         self._purged_at = 0
 
@@ -343,10 +480,16 @@ class LatencyRollup:
                 await self._task
             except asyncio.CancelledError:
                 pass
+        if self.merger is not None:
+            self.merger.close()
 
     async def step(self) -> int:
         now = int(time.time() * 1000)
-        counted = await self.repo.roll_up(int(self.round_ms()), now)
+        round_ms = int(self.round_ms())
+        if self.merger is not None and await self.repo.uncounted(self.offload_rows) >= self.offload_rows:
+            counted = await self.repo.write(await self.merger.prepare(round_ms, now, BATCH))
+        else:
+            counted = await self.repo.roll_up(round_ms, now)
         if now - self._purged_at > HOUR_MS:
             await self.repo.purge(now)
             self._purged_at = now
