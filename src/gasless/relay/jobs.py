@@ -231,6 +231,9 @@ class Tracker(Worker):
                 if chain_tx is not _UNREACHABLE:
                     await self._decide(row, chain_tx, batch, now)  # type: ignore[arg-type]
         await self._commit(batch, now)
+        # Only once the execution is stored: an intent waiting for its hyperblock is never looked at again,
+        # so one whose write failed (the database dropped the connection) would wait for ever, unbilled.
+        self._hyper.update((pk, hyper) for pk, hyper in batch.hyper.items() if pk in self._tracked)
 
     async def _resync(self) -> None:
         """Adopt intents committed by other hosts (and drop those settled elsewhere): a light read of
@@ -271,7 +274,7 @@ class Tracker(Worker):
             if hyper > 0 and final is not None and hyper <= final:
                 batch.finalize([int(row.pk)], now)
             elif hyper > 0:
-                self._hyper[int(row.pk)] = hyper  # final once the metachain's final nonce reaches it
+                batch.hyper[int(row.pk)] = hyper  # final once the metachain's final nonce reaches it
             return
         # Not executed yet: keep it in the network's hands.
         age = now - int(row.cosigned_at_ms)
@@ -346,6 +349,8 @@ class Tracker(Worker):
             self._tracked.pop(int(row.pk), None)
         else:
             self._tracked[int(row.pk)] = fresh
+        if fresh is None or fresh.state != "EXECUTED":
+            self._hyper.pop(int(row.pk), None)  # not executed as stored: look at the chain again
 
     def _publish(self, row: Rec) -> None:
         if row.state in IN_FLIGHT:
@@ -376,6 +381,7 @@ class _Batch:
         self._final: list[int] = []
         self._dead: list[tuple[ColumnElement[bool], dict[str, Any]]] = []
         self.expected: set[int] = set()  # pks a change targets directly (re-read when it did not apply)
+        self.hyper: dict[int, int] = {}  # executed, not final yet: the hyperblock that will finalize each
         self._final_at = 0
 
     def executed(self, row: Rec, block_ts_ms: int | None, outcome: str, failure: str | None = None) -> None:

@@ -1,0 +1,821 @@
+"""Faults beyond kill -9 (issue 18, docs/reliability.md): hosts `a` and `b` (two `gasless serve` processes)
+on PostgreSQL and a Redis of their own, one `gasless localnet`, load from many senders, a fault injected
+on a schedule, then the delivery invariants checked against the chain and the database.
+
+Every host reaches PostgreSQL and Redis through a fault proxy of its own (`FaultProxy`), so a fault can cut
+one host off while its clients still reach it. The load is a client's: each relay is assigned, signed once,
+and posted; after an error answer or no answer the same bytes go to the other host (honouring
+`Retry-After`), as a client behind two addresses would. Then, per scenario:
+1. every relay answered 200/202 executed on chain;
+2. no transaction executed twice, no nonce executed two different transactions;
+3. bytes that only ever got error answers left nothing on chain;
+4. exactly one billed usage row per executed transaction, no reservation left `reserved`;
+5. after the heal, both hosts are ready again (the time it took is printed).
+One line per scenario: faults, relays acknowledged, lost, doubled, sent after an error, double-billed,
+time to ready after the heal, client-visible errors by code.
+
+    .venv/bin/python bench/chaos.py --postgres-url postgresql+asyncpg://postgres@127.0.0.1:5432/postgres
+    .venv/bin/python bench/chaos.py --short --scenario redis-restart   # the test suite's version
+
+The test suite (`tests/chaos`) runs every scenario with `--short`'s figures; this command runs the long
+version (more senders, longer faults) and prints the figures docs/reliability.md records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import asyncpg
+from multiversx_sdk import Transaction, TransactionComputer, UserPEM, UserSecretKey
+from rich.table import Table
+
+from gasless.chain.addresses import address_of, parse_address
+from gasless.chain.codec import signing_bytes
+from gasless.cli.output import CliConsole
+from gasless.relay.checks import presence_message
+
+
+def _bench_module(name: str) -> Any:
+    """A sibling benchmark module by path (bench/ is not a package)."""
+    path = Path(__file__).resolve().parent / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+grant_plans = _bench_module("relay").grant_plans
+
+SECRET = "chaos-master-secret-0123456789abcdef0123456789"
+computer = TransactionComputer()
+console = CliConsole()  # never cut when not a terminal
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# The fault proxy ---------------------------------------------------------------------------------------
+class FaultProxy:
+    """A TCP proxy on 127.0.0.1 in front of one backend, for one host. Modes:
+    - `pass`: bytes flow;
+    - `pause`: a partition: nothing flows either way, open connections stay open and new ones hang; on
+      heal the held bytes flow on, as TCP recovers after a short partition (the clients' own timeouts
+      decide what a long one breaks);
+    - `reset`: every open connection is dropped (RST) and new ones are refused: a server restart.
+    It runs on its own event loop in a thread, so the load generator and the checks never slow it."""
+
+    def __init__(self, target_port: int, name: str) -> None:
+        self.target_port, self.name = target_port, name
+        self.mode = "pass"
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._flowing = asyncio.Event()
+        self._open: set[asyncio.StreamWriter] = set()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"proxy-{name}", daemon=True)
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(self._serve(), self._loop).result(10)
+        return self
+
+    def set(self, mode: str) -> None:
+        asyncio.run_coroutine_threadsafe(self._set(mode), self._loop).result(10)
+
+    def close(self) -> None:
+        self.set("reset")
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+    async def _serve(self) -> int:
+        self._flowing.set()
+        self._server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _set(self, mode: str) -> None:
+        self.mode = mode
+        if mode == "pass":
+            self._flowing.set()
+            return
+        self._flowing.clear()
+        if mode == "reset":
+            for writer in list(self._open):
+                _abort(writer)
+            self._open.clear()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.mode == "reset":
+            _abort(writer)
+            return
+        await self._flowing.wait()  # a partition: the connection hangs, as a SYN to a cut host would
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        except OSError:
+            _abort(writer)
+            return
+        self._open.update((writer, up_writer))
+        await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+        self._open.discard(writer)
+        self._open.discard(up_writer)
+
+    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                await self._flowing.wait()
+                if self.mode == "reset" or writer.is_closing():
+                    break
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            _abort(writer)
+
+
+def _seconds(retry_after: str | None) -> float:
+    try:
+        return float(retry_after or 0)
+    except ValueError:  # an HTTP date: this service sends seconds, anything else waits a second
+        return 1.0
+
+
+def _abort(writer: asyncio.StreamWriter) -> None:
+    transport = writer.transport
+    if not transport.is_closing():
+        transport.abort()
+
+
+# The stack ---------------------------------------------------------------------------------------------
+@dataclass
+class Host:
+    host_id: str
+    base: str
+    proc: subprocess.Popen[bytes]
+    postgres: FaultProxy
+    redis: FaultProxy
+    log_path: Path
+
+
+@dataclass
+class Stack:
+    tmp: Path
+    admin_url: str  # PostgreSQL, for CREATE/DROP DATABASE and pg_terminate_backend
+    database: str = ""
+    gateway: str = ""
+    info: dict[str, Any] = field(default_factory=dict)
+    redis_port: int = 0
+    hosts: dict[str, Host] = field(default_factory=dict)
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    redis_proc: subprocess.Popen[bytes] | None = None
+    relayer_keys: dict[str, UserSecretKey] = field(default_factory=dict)
+
+    @property
+    def pg_dsn(self) -> str:
+        """The plain DSN of the run's database (asyncpg), for the checks."""
+        return f"{self.admin_url.replace('+asyncpg', '').rsplit('/', 1)[0]}/{self.database}"
+
+    # Redis: a server of the run's own, without persistence (a restart forgets every bucket and lease) --
+    def start_redis(self) -> None:
+        self.redis_port = self.redis_port or free_port()
+        self.redis_proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(self.tmp)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        wait_for(lambda: _connects(self.redis_port), "redis-server")
+
+    def kill_redis(self) -> None:
+        if self.redis_proc is not None:
+            self.redis_proc.kill()
+            self.redis_proc.wait(10)
+            self.redis_proc = None
+
+    async def start(self, host_ids: tuple[str, ...] = ("a", "b")) -> None:
+        self.database = f"gasless_chaos_{uuid.uuid4().hex[:10]}"
+        await _pg(self.admin_url, f'CREATE DATABASE "{self.database}"')
+        self.start_redis()
+        gateway_port = free_port()
+        self.procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "gasless.cli", "localnet", "--port", str(gateway_port),
+                 "--data-dir", str(self.tmp), "--round-ms", "200"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )  # fmt: skip
+        self.gateway = f"http://127.0.0.1:{gateway_port}"
+        self.info = await _wait_json(f"{self.gateway}/localnet/info")
+        from gasless.localnet.genesis import load_or_create_wallet
+        from gasless.localnet.owner import unpause
+
+        owner = load_or_create_wallet(Path(self.info["ownerPem"]).parent, "owner")
+        await unpause(self.gateway, owner, self.info["contract"])
+        for entry in self.info["relayers"]:
+            self.relayer_keys[entry["address"]] = UserPEM.from_file(Path(entry["pem"])).secret_key
+        pg_port = int(self.admin_url.rsplit(":", 1)[1].split("/", 1)[0])
+        for host_id in host_ids:  # one after the other: the first migrates the database
+            self.hosts[host_id] = await self._spawn(host_id, pg_port)
+
+    async def _spawn(self, host_id: str, pg_port: int) -> Host:
+        postgres = FaultProxy(pg_port, f"{host_id}-postgres").start()
+        redis = FaultProxy(self.redis_port, f"{host_id}-redis").start()
+        port = free_port()
+        base = self.admin_url.replace("+asyncpg", "+asyncpg").rsplit("@", 1)[0]
+        database_url = f"{base}@127.0.0.1:{postgres.port}/{self.database}"
+        log_path = self.tmp / f"host-{host_id}.log"
+        env = {
+            **os.environ,
+            "GASLESS_PROFILE": "localnet",
+            "GASLESS_HOST_ID": host_id,
+            "GASLESS_MASTER_SECRET": SECRET,
+            "GASLESS_GATEWAY_URLS": json.dumps([self.gateway]),
+            "GASLESS_DATABASE_URL": database_url,
+            "GASLESS_REDIS_URL": f"redis://127.0.0.1:{redis.port}/0",
+            "GASLESS_DATA_DIR": str(self.tmp / f"data-{host_id}"),
+            "GASLESS_CONTRACT_ADDRESS": self.info["contract"],
+            "GASLESS_PAIR_ADDRESS": self.info["pair"],
+            "GASLESS_WRAPPER_ADDRESS": self.info["wrapper"],
+            "GASLESS_RELAYER_KEY_FILES": json.dumps([r["pem"] for r in self.info["relayers"]]),
+            "GASLESS_API_BASE_URL": f"http://127.0.0.1:{port}",
+            "GASLESS_METRICS_PORT": str(free_port()),
+        }
+        env.pop("GASLESS_CONFIG", None)
+        with log_path.open("wb") as log_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "gasless.cli", "serve", "--port", str(port)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+            )
+        self.procs.append(proc)
+        host = Host(host_id, f"http://127.0.0.1:{port}", proc, postgres, redis, log_path)
+        await wait_ready([host], timeout=90)
+        return host
+
+    async def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        self.kill_redis()
+        for host in self.hosts.values():
+            host.postgres.close()
+            host.redis.close()
+        if self.database:
+            await _pg(self.admin_url, f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
+
+    async def terminate_backends(self) -> int:
+        """Every PostgreSQL backend of the run's database ends now, mid-transaction or mid-commit."""
+        conn = await asyncpg.connect(self.admin_url.replace("+asyncpg", ""))
+        try:
+            rows = await conn.fetch(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = $1 AND pid <> pg_backend_pid()",
+                self.database,
+            )
+        finally:
+            await conn.close()
+        return len(rows)
+
+    def relayer_signature(self, tx: Transaction) -> bytes:
+        # Ed25519 is deterministic: the signature the host made, so the full hash is known to the client.
+        return bytes(self.relayer_keys[tx.relayer.to_bech32()].sign(signing_bytes(tx)))
+
+    def tx_hash(self, tx: Transaction) -> str:
+        """The hash the co-signed transaction will have."""
+        tx.relayer_signature = self.relayer_signature(tx)
+        try:
+            return computer.compute_transaction_hash(tx).hex()
+        finally:
+            tx.relayer_signature = b""
+
+
+async def _pg(admin_url: str, statement: str) -> None:
+    conn = await asyncpg.connect(admin_url.replace("+asyncpg", ""))
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
+def _connects(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not reached in {timeout:.0f} s")
+        time.sleep(0.05)
+    return value
+
+
+async def _wait_json(url: str, timeout: float = 60.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while True:
+            try:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    if resp.status == 200:
+                        body = await resp.json()
+                        return dict(body.get("data", body))
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} did not answer")
+            await asyncio.sleep(0.1)
+
+
+async def wait_ready(hosts: list[Host], timeout: float) -> float:
+    """Seconds until every host answers /readyz 200 (raises past `timeout`)."""
+    start = time.monotonic()
+    async with aiohttp.ClientSession() as session:
+        for host in hosts:
+            while True:
+                if host.proc.poll() is not None:
+                    raise RuntimeError(f"host {host.host_id} exited ({host.log_path})")
+                try:
+                    async with session.get(
+                        f"{host.base}/readyz", timeout=aiohttp.ClientTimeout(total=2)
+                    ) as resp:
+                        if resp.status == 200:
+                            break
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                if time.monotonic() - start > timeout:
+                    raise TimeoutError(f"host {host.host_id} not ready within {timeout:.0f} s")
+                await asyncio.sleep(0.1)
+    return time.monotonic() - start
+
+
+# The load: a client's behaviour ------------------------------------------------------------------------
+@dataclass
+class Attempt:
+    host: str
+    status: int  # 0: no answer (connection error or timeout)
+    code: str | None
+    seconds: float  # until the answer (or the client's timeout)
+
+
+@dataclass
+class Signed:
+    """One signed transaction (bytes) and every answer it got."""
+
+    sender: str
+    nonce: int
+    tx_hash: str
+    attempts: list[Attempt] = field(default_factory=list)
+
+    @property
+    def acked(self) -> bool:
+        return any(a.status in (200, 202) or a.code == "INTENT_ALREADY_SUBMITTED" for a in self.attempts)
+
+
+# The same bytes again, on the other host; any other code ends the bytes (a new signature if the nonce is
+# still free). LEASE_EXPIRED and the re-sign codes need a new assignment, then new bytes.
+SAME_BYTES = {
+    "UPSTREAM_UNAVAILABLE",
+    "SIGNER_UNAVAILABLE",
+    "SIGNER_FENCED",
+    "SIGNER_TIMEOUT",
+    "NO_RELAYER_AVAILABLE",
+    "INTERNAL",
+    "RATE_LIMITED",
+    "NONCE_IN_FLIGHT",
+    "TOO_MANY_IN_FLIGHT",
+}
+NONCE_USED = {"NONCE_TOO_LOW", "INTENT_ALREADY_EXECUTED"}
+
+
+@dataclass
+class Load:
+    stack: Stack
+    senders: int
+    gap_s: float  # each sender's pause between two relays
+    stop_at: float  # monotonic: no new relay starts after it
+    give_up_s: float  # a relay still unanswered after this long counts as abandoned by the client
+    signed: list[Signed] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    keys: list[UserSecretKey] = field(default_factory=list)
+
+    async def prepare(self, session: aiohttp.ClientSession) -> None:
+        self.keys = [UserSecretKey.generate() for _ in range(self.senders)]
+        await grant_plans(session, self.stack.gateway, self.stack.info, self.keys)
+
+    async def run(self, session: aiohttp.ClientSession) -> None:
+        hosts = list(self.stack.hosts.values())
+        await asyncio.gather(*(self._stream(session, key, hosts, i) for i, key in enumerate(self.keys)))
+
+    async def _post(
+        self, session: aiohttp.ClientSession, host: Host, path: str, body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any], float]:
+        try:
+            async with session.post(
+                f"{host.base}{path}", json=body, timeout=aiohttp.ClientTimeout(total=15)
+            ) as resp:
+                answer = await resp.json(content_type=None)
+                retry = _seconds(resp.headers.get("Retry-After"))
+                return resp.status, answer if isinstance(answer, dict) else {}, retry
+        except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
+            return 0, {}, 0.0
+
+    async def _assign(
+        self, session: aiohttp.ClientSession, key: UserSecretKey, sender: str, hosts: list[Host], turn: int
+    ) -> dict[str, Any]:
+        for attempt in range(10_000):
+            host = hosts[(turn + attempt) % len(hosts)]
+            now = int(time.time() * 1000)
+            proof = {
+                "kind": "key",
+                "serverTimeMs": now,
+                "signature": key.sign(presence_message("localnet", sender, now)).hex(),
+            }
+            status, answer, retry = await self._post(
+                session, host, "/v1/relay/assign", {"sender": sender, "proof": proof}
+            )
+            if status == 200:
+                return answer
+            self.errors[f"assign:{answer.get('code') or status or 'no answer'}"] += 1
+            await asyncio.sleep(max(retry, 0.2 + random.random() * 0.3))
+        raise RuntimeError("never assigned")
+
+    async def _stream(
+        self, session: aiohttp.ClientSession, key: UserSecretKey, hosts: list[Host], i: int
+    ) -> None:
+        sender_address = address_of(key.generate_public_key().buffer)
+        sender = sender_address.to_bech32()
+        receiver = address_of(UserSecretKey.generate().generate_public_key().buffer)
+        nonce, turn = 0, i
+        assignment = await self._assign(session, key, sender, hosts, turn)
+        while time.monotonic() < self.stop_at:
+            await asyncio.sleep(self.gap_s * (0.5 + random.random()))
+            tx = Transaction(
+                sender=sender_address,
+                receiver=receiver,
+                gas_limit=100_000,
+                chain_id="localnet",
+                nonce=nonce,
+                version=2,
+                relayer=parse_address(assignment["relayer"]),
+            )
+            tx.signature = key.sign(computer.compute_bytes_for_signing(tx))
+            record = Signed(sender, nonce, self.stack.tx_hash(tx))
+            self.signed.append(record)
+            body = {"tx": tx.to_dictionary(), "lease": assignment["lease"]}
+            started = time.monotonic()
+            outcome = "give-up"
+            while time.monotonic() - started < self.give_up_s:
+                host = hosts[turn % len(hosts)]
+                posted = time.monotonic()
+                status, answer, retry = await self._post(session, host, "/v1/relay", body)
+                code = answer.get("code") if status not in (200, 202) else None
+                record.attempts.append(Attempt(host.host_id, status, code, time.monotonic() - posted))
+                if status in (200, 202) or code == "INTENT_ALREADY_SUBMITTED":
+                    outcome = "acked"
+                    break
+                self.errors[str(code or status or "no answer")] += 1
+                if code in NONCE_USED:
+                    outcome = "used"  # an earlier answer was lost; the chain has this nonce
+                    break
+                if code not in SAME_BYTES and status != 0 and status < 500:
+                    outcome = "new-bytes"
+                    break
+                turn += 1  # the other host, after the advised wait
+                await asyncio.sleep(max(retry, 0.1 + random.random() * 0.2))
+            if outcome in ("acked", "used"):
+                nonce += 1
+            elif outcome == "new-bytes":
+                assignment = await self._assign(session, key, sender, hosts, turn)
+            else:
+                # The client gives up on these bytes; they may still execute (an answer was lost), so
+                # the next bytes use a fresh assignment at whichever nonce the chain is at.
+                assignment = await self._assign(session, key, sender, hosts, turn)
+                nonce = await self._chain_nonce(session, sender)
+
+    async def _chain_nonce(self, session: aiohttp.ClientSession, sender: str) -> int:
+        async with session.get(f"{self.stack.gateway}/address/{sender}/nonce") as resp:
+            return int((await resp.json())["data"]["nonce"])
+
+
+# The invariants ----------------------------------------------------------------------------------------
+@dataclass
+class Verdict:
+    scenario: str
+    faults: str
+    acked: int = 0
+    executed: int = 0
+    lost: int = 0
+    doubled: int = 0
+    sent_after_error: int = 0
+    double_billed: int = 0
+    unbilled: int = 0
+    reservations_left: int = 0
+    ready_after_heal_s: float = 0.0
+    slowest_answer_s: float = 0.0  # how the fault was felt when no answer was an error
+    errors: dict[str, int] = field(default_factory=dict)
+    details: list[str] = field(default_factory=list)
+
+    @property
+    def violations(self) -> int:
+        return (
+            self.lost
+            + self.doubled
+            + self.sent_after_error
+            + self.double_billed
+            + self.unbilled
+            + self.reservations_left
+        )
+
+
+async def chain_status(session: aiohttp.ClientSession, gateway: str, tx_hash: str) -> str:
+    async with session.get(f"{gateway}/transaction/{tx_hash}/status") as resp:
+        if resp.status != 200:
+            return "unknown"
+        return str((await resp.json())["data"]["status"])
+
+
+async def check(stack: Stack, load: Load, verdict: Verdict, settle_s: float) -> None:
+    """The five invariants, after every acknowledged relay had `settle_s` to execute and finalize."""
+    by_hash = {s.tx_hash: s for s in load.signed}
+    statuses: dict[str, str] = {}
+    async with aiohttp.ClientSession() as session:
+        deadline = time.monotonic() + settle_s
+        pending = set(by_hash)
+        while pending:
+            for tx_hash in list(pending):
+                status = await chain_status(session, stack.gateway, tx_hash)
+                statuses[tx_hash] = status
+                final = status in ("success", "fail", "invalid")
+                # Bytes nobody acknowledged need not execute: look at them once more at the end only.
+                if final or not by_hash[tx_hash].acked:
+                    pending.discard(tx_hash)
+            if not pending or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+        for tx_hash, record in by_hash.items():  # the unacknowledged bytes, finally
+            if not record.acked:
+                statuses[tx_hash] = await chain_status(session, stack.gateway, tx_hash)
+    executed = {h for h, s in statuses.items() if s == "success"}
+    verdict.acked = sum(1 for s in load.signed if s.acked)
+    verdict.executed = len(executed)
+    for record in load.signed:
+        if record.acked and record.tx_hash not in executed:
+            verdict.lost += 1
+            verdict.details.append(
+                f"lost: {record.sender}:{record.nonce} {record.tx_hash} ({statuses[record.tx_hash]})"
+            )
+        only_errors = (
+            record.attempts and not record.acked and all(a.status not in (0,) for a in record.attempts)
+        )
+        if only_errors and record.tx_hash in executed:
+            verdict.sent_after_error += 1
+            verdict.details.append(f"sent after an error: {record.tx_hash} {record.attempts}")
+    per_nonce = Counter((by_hash[h].sender, by_hash[h].nonce) for h in executed)
+    verdict.doubled = sum(n - 1 for n in per_nonce.values() if n > 1)
+    senders = sorted({s.sender for s in load.signed})
+    # The usage rows are written when the service sees each execution final: wait for them too.
+    conn = await asyncpg.connect(stack.pg_dsn)
+    try:
+        while True:
+            rows = await conn.fetch(
+                "SELECT tx_hash, billed FROM usage_ledger WHERE sender = ANY($1::text[])", senders
+            )
+            reserved = await conn.fetchval(
+                "SELECT count(*) FROM reservations r JOIN intents i ON i.pk = r.intent_pk"
+                " WHERE i.sender = ANY($1::text[]) AND r.state = 'reserved'",
+                senders,
+            )
+            billed = Counter(r["tx_hash"] for r in rows if r["billed"])
+            unbilled = sum(1 for h in executed if h not in billed)
+            if (unbilled == 0 and reserved == 0) or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
+    verdict.double_billed = sum(n - 1 for n in billed.values() if n > 1) + sum(
+        1 for h in billed if h not in executed
+    )
+    verdict.unbilled = unbilled
+    verdict.reservations_left = int(reserved)
+    for h in executed:
+        if h not in billed:
+            verdict.details.append(f"executed, never billed: {h}")
+    verdict.errors = dict(load.errors)
+    verdict.slowest_answer_s = max((a.seconds for s in load.signed for a in s.attempts), default=0.0)
+
+
+# Scenarios ---------------------------------------------------------------------------------------------
+@dataclass
+class Scenario:
+    name: str
+    what: str
+    inject: Callable[[Stack, float], Awaitable[str]]  # starts the fault, returns its description
+    heal: Callable[[Stack], Awaitable[None]]
+
+
+async def _partition_b_from_postgres(stack: Stack, seconds: float) -> str:
+    stack.hosts["b"].postgres.set("pause")
+    return f"b cut from PostgreSQL {seconds:.0f} s"
+
+
+async def _heal_b_postgres(stack: Stack) -> None:
+    stack.hosts["b"].postgres.set("pass")
+
+
+async def _partition_a_from_redis(stack: Stack, seconds: float) -> str:
+    stack.hosts["a"].redis.set("pause")
+    return f"a cut from Redis {seconds:.0f} s"
+
+
+async def _heal_a_redis(stack: Stack) -> None:
+    stack.hosts["a"].redis.set("pass")
+
+
+async def _restart_redis(stack: Stack, seconds: float) -> str:
+    stack.kill_redis()  # SIGKILL: every bucket, lease and stream in it is gone
+    return f"Redis killed, restarted empty after {seconds:.0f} s"
+
+
+async def _heal_redis(stack: Stack) -> None:
+    stack.start_redis()
+
+
+async def _restart_postgres(stack: Stack, seconds: float) -> str:
+    ended = await stack.terminate_backends()  # mid-transaction, mid-commit: whatever each was doing
+    for host in stack.hosts.values():
+        host.postgres.set("reset")
+    return f"PostgreSQL backends terminated ({ended}), connections refused {seconds:.0f} s"
+
+
+async def _heal_postgres(stack: Stack) -> None:
+    for host in stack.hosts.values():
+        host.postgres.set("pass")
+
+
+async def _gateway_silent(stack: Stack, seconds: float) -> str:
+    async with aiohttp.ClientSession() as session:
+        body = {"gateway": {"dropAcks": -1, "ackHangMs": 60_000}}
+        async with session.post(f"{stack.gateway}/localnet/faults", json=body) as resp:
+            resp.raise_for_status()
+    return f"gateway accepts sends, answers none, {seconds:.0f} s"
+
+
+async def _gateway_slow(stack: Stack, seconds: float) -> str:
+    async with aiohttp.ClientSession() as session:
+        body = {"gateway": {"latencyMs": {"*": 2_000}}}
+        async with session.post(f"{stack.gateway}/localnet/faults", json=body) as resp:
+            resp.raise_for_status()
+    return f"gateway 2 s slow on every call, {seconds:.0f} s"
+
+
+async def _heal_gateway(stack: Stack) -> None:
+    async with aiohttp.ClientSession() as session:
+        body = {"gateway": {"dropAcks": 0, "latencyMs": {}}}
+        async with session.post(f"{stack.gateway}/localnet/faults", json=body) as resp:
+            resp.raise_for_status()
+
+
+SCENARIOS = {
+    s.name: s
+    for s in (
+        Scenario(
+            "b-postgres-partition", "host b cut from PostgreSQL", _partition_b_from_postgres, _heal_b_postgres
+        ),
+        Scenario("a-redis-partition", "host a cut from Redis", _partition_a_from_redis, _heal_a_redis),
+        Scenario("redis-restart", "Redis restarted, state lost", _restart_redis, _heal_redis),
+        Scenario("postgres-restart", "PostgreSQL connections dropped", _restart_postgres, _heal_postgres),
+        Scenario("gateway-silent", "gateway acknowledges nothing", _gateway_silent, _heal_gateway),
+        Scenario("gateway-slow", "gateway 2 s slow", _gateway_slow, _heal_gateway),
+    )
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    senders: int
+    gap_s: float  # each sender's mean pause between relays
+    fault_after_s: float  # load before the fault
+    fault_s: float  # the fault's length
+    after_s: float  # load after the heal
+    give_up_s: float = 60.0
+    settle_s: float = 90.0
+    ready_s: float = 60.0
+
+
+SHORT = Shape(senders=6, gap_s=0.2, fault_after_s=2.0, fault_s=5.0, after_s=3.0)
+LONG = Shape(senders=24, gap_s=0.1, fault_after_s=5.0, fault_s=20.0, after_s=10.0)
+
+
+async def run_scenario(stack: Stack, scenario: Scenario, shape: Shape) -> Verdict:
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        load = Load(stack, shape.senders, shape.gap_s, 0.0, shape.give_up_s)
+        await load.prepare(session)
+        load.stop_at = time.monotonic() + shape.fault_after_s + shape.fault_s + shape.after_s
+        running = asyncio.create_task(load.run(session))
+        await asyncio.sleep(shape.fault_after_s)
+        faults = await scenario.inject(stack, shape.fault_s)
+        await asyncio.sleep(shape.fault_s)
+        await scenario.heal(stack)
+        verdict = Verdict(scenario.name, faults)
+        verdict.ready_after_heal_s = await wait_ready(list(stack.hosts.values()), timeout=shape.ready_s)
+        await running
+    await check(stack, load, verdict, shape.settle_s)
+    return verdict
+
+
+def print_verdicts(verdicts: list[Verdict]) -> None:
+    table = Table(title="bench/chaos.py: the delivery invariants under each fault")
+    for column in ("scenario", "faults", "acked", "lost", "doubled", "sent after error", "double-billed",
+                   "unbilled", "reserved left", "ready after heal s", "slowest answer s", "client errors by code"):  # fmt: skip
+        table.add_column(column)
+    for v in verdicts:
+        errors = ", ".join(f"{code} {n}" for code, n in sorted(v.errors.items())) or "-"
+        table.add_row(
+            v.scenario, v.faults, str(v.acked), str(v.lost), str(v.doubled), str(v.sent_after_error),
+            str(v.double_billed), str(v.unbilled), str(v.reservations_left), f"{v.ready_after_heal_s:.1f}",
+            f"{v.slowest_answer_s:.1f}", errors,
+        )  # fmt: skip
+    console.print(table)
+    for v in verdicts:
+        for line in v.details:
+            console.print(f"{v.scenario}: {line}")
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    shape = SHORT if args.short else LONG
+    if args.fault_s:
+        shape = Shape(**{**shape.__dict__, "fault_s": args.fault_s})
+    names = args.scenario or list(SCENARIOS)
+    verdicts = []
+    with tempfile.TemporaryDirectory(prefix="gasless-chaos-") as tmp:
+        stack = Stack(Path(tmp), args.postgres_url)
+        try:
+            with console.status("starting localnet, Redis and hosts a and b"):
+                await stack.start()
+            for name in names:
+                with console.status(f"{name}: {shape.senders} senders, fault {shape.fault_s:.0f} s"):
+                    verdicts.append(await run_scenario(stack, SCENARIOS[name], shape))
+                console.print(json.dumps(verdicts[-1].__dict__ | {"details": verdicts[-1].details[:20]}))
+        finally:
+            await stack.stop()
+    print_verdicts(verdicts)
+    return 1 if any(v.violations for v in verdicts) else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get(
+            "GASLESS_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
+        ),
+        help="a PostgreSQL server (the run makes and drops a database of its own)",
+    )
+    parser.add_argument(
+        "--scenario", action="append", choices=sorted(SCENARIOS), help="repeatable; default all"
+    )
+    parser.add_argument(
+        "--short", action="store_true", help="the test suite's figures (fewer senders, 5 s faults)"
+    )
+    parser.add_argument("--fault-s", type=float, default=0.0, help="how long each fault lasts")
+    return asyncio.run(main_async(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,52 @@
+"""The fault suite's short version (bench/chaos.py --short, docs/reliability.md): hosts a and b on
+PostgreSQL and a Redis of their own, load from several senders retrying the same bytes on the other host,
+and each fault injected under load: host b cut from PostgreSQL, host a cut from Redis, Redis restarted
+empty, PostgreSQL's connections dropped, a gateway that acknowledges nothing, a slow gateway. After each:
+no acknowledged relay lost, nothing executed twice, nothing sent after an error answer, one billed row per
+execution, no reservation left, both hosts ready again."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.postgres]
+
+_path = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
+_spec = importlib.util.spec_from_file_location("bench_chaos", _path)
+assert _spec is not None and _spec.loader is not None
+chaos: Any = importlib.util.module_from_spec(_spec)
+sys.modules[_spec.name] = chaos  # its dataclasses look their module up there
+_spec.loader.exec_module(chaos)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    admin_url = os.environ.get("GASLESS_TEST_POSTGRES_URL")
+    if not admin_url:
+        pytest.skip("fault suite skipped: needs GASLESS_TEST_POSTGRES_URL")
+    if shutil.which("redis-server") is None:
+        pytest.skip("fault suite skipped: needs the redis-server binary (it runs a Redis of its own)")
+    stack = chaos.Stack(tmp_path_factory.mktemp("chaos"), admin_url)
+    try:
+        asyncio.run(stack.start())
+        yield stack
+    finally:
+        asyncio.run(stack.stop())
+
+
+@pytest.mark.parametrize("name", list(chaos.SCENARIOS))
+def test_the_delivery_invariants_hold_under_the_fault(stack: Any, name: str) -> None:
+    verdict = asyncio.run(chaos.run_scenario(stack, chaos.SCENARIOS[name], chaos.SHORT))
+    print(verdict)
+    assert verdict.acked > 0, verdict
+    assert verdict.executed >= verdict.acked, verdict
+    assert verdict.violations == 0, verdict.details
