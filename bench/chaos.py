@@ -191,6 +191,9 @@ class Stack:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     redis_proc: subprocess.Popen[bytes] | None = None
     relayer_keys: dict[str, UserSecretKey] = field(default_factory=dict)
+    senders: list[UserSecretKey] = field(default_factory=list)  # granted a plan, not used yet
+    killed: list[str] = field(default_factory=list)  # hosts a scenario SIGKILLed, restarted at its heal
+    pg_port: int = 0
 
     @property
     def pg_dsn(self) -> str:
@@ -214,7 +217,9 @@ class Stack:
             self.redis_proc.wait(10)
             self.redis_proc = None
 
-    async def start(self, host_ids: tuple[str, ...] = ("a", "b")) -> None:
+    async def start(self, senders: int, host_ids: tuple[str, ...] = ("a", "b")) -> None:
+        """Localnet, Redis, the database, `senders` plans granted, then the hosts. The plans come first:
+        the hosts settle usage with the owner's key, and two writers of the owner's nonce would collide."""
         self.database = f"gasless_chaos_{uuid.uuid4().hex[:10]}"
         await _pg(self.admin_url, f'CREATE DATABASE "{self.database}"')
         self.start_redis()
@@ -236,12 +241,62 @@ class Stack:
         await unpause(self.gateway, owner, self.info["contract"])
         for entry in self.info["relayers"]:
             self.relayer_keys[entry["address"]] = UserPEM.from_file(Path(entry["pem"])).secret_key
-        pg_port = int(self.admin_url.rsplit(":", 1)[1].split("/", 1)[0])
+        self.senders = [UserSecretKey.generate() for _ in range(senders)]
+        async with aiohttp.ClientSession() as session:
+            await grant_plans(session, self.gateway, self.info, self.senders)
+        self.pg_port = int(self.admin_url.rsplit(":", 1)[1].split("/", 1)[0])
         for host_id in host_ids:  # one after the other: the first migrates the database
-            self.hosts[host_id] = await self._spawn(host_id, pg_port)
+            self.hosts[host_id] = await self._spawn(host_id)
 
-    async def _spawn(self, host_id: str, pg_port: int) -> Host:
-        postgres = FaultProxy(pg_port, f"{host_id}-postgres").start()
+    def take_senders(self, count: int) -> list[UserSecretKey]:
+        if len(self.senders) < count:
+            raise RuntimeError("the stack was started with too few senders for the scenarios")
+        taken, self.senders = self.senders[:count], self.senders[count:]
+        return taken
+
+    async def kill_host(self, host_id: str) -> None:
+        """SIGKILL: no shutdown, no release of a lease or a role."""
+        host = self.hosts[host_id]
+        host.proc.kill()
+        host.proc.wait(10)
+
+    async def restart_host(self, host_id: str, *, clock_offset_s: int = 0) -> Host:
+        """Host `host_id` again (after SIGTERM if it still runs), on fresh proxies; with `clock_offset_s`
+        its process clock runs that far ahead (libfaketime) and it is returned once it serves."""
+        old = self.hosts[host_id]
+        if old.proc.poll() is None:
+            old.proc.send_signal(signal.SIGTERM)
+            try:
+                old.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                old.proc.kill()
+                old.proc.wait(10)
+        old.postgres.close()
+        old.redis.close()
+        self.hosts[host_id] = await self._spawn(host_id, clock_offset_s=clock_offset_s)
+        return self.hosts[host_id]
+
+    async def readiness(self, host_id: str) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"{self.hosts[host_id].base}/readyz") as resp:
+                return dict(await resp.json())
+
+    async def leader(self, role: str) -> str:
+        """The host leading `role` now (waits for one)."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for host_id, host in self.hosts.items():
+                if host.proc.poll() is None:
+                    try:
+                        if (await self.readiness(host_id)).get("singletons", {}).get(role) == "leader":
+                            return host_id
+                    except (aiohttp.ClientError, TimeoutError):
+                        pass
+            await asyncio.sleep(0.1)
+        raise TimeoutError(f"no host leads {role}")
+
+    async def _spawn(self, host_id: str, *, clock_offset_s: int = 0) -> Host:
+        postgres = FaultProxy(self.pg_port, f"{host_id}-postgres").start()
         redis = FaultProxy(self.redis_port, f"{host_id}-redis").start()
         port = free_port()
         base = self.admin_url.replace("+asyncpg", "+asyncpg").rsplit("@", 1)[0]
@@ -262,8 +317,17 @@ class Stack:
             "GASLESS_RELAYER_KEY_FILES": json.dumps([r["pem"] for r in self.info["relayers"]]),
             "GASLESS_API_BASE_URL": f"http://127.0.0.1:{port}",
             "GASLESS_METRICS_PORT": str(free_port()),
+            # Settlement runs throughout (every 2 s), so every fault also meets batches being built and sent.
+            "GASLESS_OWNER_KEY_FILE": self.info["ownerPem"],
+            "GASLESS_SETTLEMENT_INTERVAL_MS": "2000",
         }
         env.pop("GASLESS_CONFIG", None)
+        if clock_offset_s:
+            env |= {
+                "LD_PRELOAD": faketime_library(),
+                "FAKETIME": f"{clock_offset_s:+d}s",
+                "FAKETIME_DONT_FAKE_MONOTONIC": "1",  # only the wall clock is off, as with a bad NTP
+            }
         with log_path.open("wb") as log_file:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "gasless.cli", "serve", "--port", str(port)],
@@ -273,10 +337,16 @@ class Stack:
             )
         self.procs.append(proc)
         host = Host(host_id, f"http://127.0.0.1:{port}", proc, postgres, redis, log_path)
-        await wait_ready([host], timeout=90)
+        if clock_offset_s:
+            await wait_serving(host, timeout=90)
+        else:
+            await wait_ready([host], timeout=90)
         return host
 
     async def stop(self) -> None:
+        for host in self.hosts.values():
+            host.postgres.set("pass")  # a host stopping mid-partition still shuts down cleanly
+            host.redis.set("pass")
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -327,6 +397,14 @@ async def _pg(admin_url: str, statement: str) -> None:
         await conn.close()
 
 
+def faketime_library() -> str:
+    """libfaketime (Debian's `libfaketime`), for a host whose clock is off."""
+    found = sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))
+    if not found:
+        raise FileNotFoundError("libfaketime is not installed (apt-get install libfaketime)")
+    return str(found[0])
+
+
 def _connects(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -357,6 +435,26 @@ async def _wait_json(url: str, timeout: float = 60.0) -> dict[str, Any]:
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{url} did not answer")
+            await asyncio.sleep(0.1)
+
+
+async def wait_serving(host: Host, timeout: float) -> None:
+    """Until the host answers /healthz (ready or not)."""
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as session:
+        while True:
+            if host.proc.poll() is not None:
+                raise RuntimeError(f"host {host.host_id} exited ({host.log_path})")
+            try:
+                async with session.get(
+                    f"{host.base}/healthz", timeout=aiohttp.ClientTimeout(total=2)
+                ) as resp:
+                    if resp.status == 200:
+                        return
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"host {host.host_id} not serving within {timeout:.0f} s")
             await asyncio.sleep(0.1)
 
 
@@ -431,14 +529,16 @@ class Load:
     signed: list[Signed] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     keys: list[UserSecretKey] = field(default_factory=list)
-
-    async def prepare(self, session: aiohttp.ClientSession) -> None:
-        self.keys = [UserSecretKey.generate() for _ in range(self.senders)]
-        await grant_plans(session, self.stack.gateway, self.stack.info, self.keys)
+    missing_retry_after: int = 0
 
     async def run(self, session: aiohttp.ClientSession) -> None:
-        hosts = list(self.stack.hosts.values())
-        await asyncio.gather(*(self._stream(session, key, hosts, i) for i, key in enumerate(self.keys)))
+        self.keys = self.stack.take_senders(self.senders)
+        await asyncio.gather(*(self._stream(session, key, i) for i, key in enumerate(self.keys)))
+
+    def _host(self, turn: int) -> Host:
+        # Looked up at each request: a scenario may replace a host's process meanwhile.
+        hosts = [self.stack.hosts[host_id] for host_id in sorted(self.stack.hosts)]
+        return hosts[turn % len(hosts)]
 
     async def _post(
         self, session: aiohttp.ClientSession, host: Host, path: str, body: dict[str, Any]
@@ -449,15 +549,17 @@ class Load:
             ) as resp:
                 answer = await resp.json(content_type=None)
                 retry = _seconds(resp.headers.get("Retry-After"))
+                if resp.status in (429, 503) and "Retry-After" not in resp.headers:
+                    self.missing_retry_after += 1  # a retryable refusal must say when to come back
                 return resp.status, answer if isinstance(answer, dict) else {}, retry
         except (aiohttp.ClientError, TimeoutError, json.JSONDecodeError):
             return 0, {}, 0.0
 
     async def _assign(
-        self, session: aiohttp.ClientSession, key: UserSecretKey, sender: str, hosts: list[Host], turn: int
+        self, session: aiohttp.ClientSession, key: UserSecretKey, sender: str, turn: int
     ) -> dict[str, Any]:
         for attempt in range(10_000):
-            host = hosts[(turn + attempt) % len(hosts)]
+            host = self._host(turn + attempt)
             now = int(time.time() * 1000)
             proof = {
                 "kind": "key",
@@ -473,14 +575,12 @@ class Load:
             await asyncio.sleep(max(retry, 0.2 + random.random() * 0.3))
         raise RuntimeError("never assigned")
 
-    async def _stream(
-        self, session: aiohttp.ClientSession, key: UserSecretKey, hosts: list[Host], i: int
-    ) -> None:
+    async def _stream(self, session: aiohttp.ClientSession, key: UserSecretKey, i: int) -> None:
         sender_address = address_of(key.generate_public_key().buffer)
         sender = sender_address.to_bech32()
         receiver = address_of(UserSecretKey.generate().generate_public_key().buffer)
         nonce, turn = 0, i
-        assignment = await self._assign(session, key, sender, hosts, turn)
+        assignment = await self._assign(session, key, sender, turn)
         while time.monotonic() < self.stop_at:
             await asyncio.sleep(self.gap_s * (0.5 + random.random()))
             tx = Transaction(
@@ -499,7 +599,7 @@ class Load:
             started = time.monotonic()
             outcome = "give-up"
             while time.monotonic() - started < self.give_up_s:
-                host = hosts[turn % len(hosts)]
+                host = self._host(turn)
                 posted = time.monotonic()
                 status, answer, retry = await self._post(session, host, "/v1/relay", body)
                 code = answer.get("code") if status not in (200, 202) else None
@@ -519,11 +619,11 @@ class Load:
             if outcome in ("acked", "used"):
                 nonce += 1
             elif outcome == "new-bytes":
-                assignment = await self._assign(session, key, sender, hosts, turn)
+                assignment = await self._assign(session, key, sender, turn)
             else:
                 # The client gives up on these bytes; they may still execute (an answer was lost), so
                 # the next bytes use a fresh assignment at whichever nonce the chain is at.
-                assignment = await self._assign(session, key, sender, hosts, turn)
+                assignment = await self._assign(session, key, sender, turn)
                 nonce = await self._chain_nonce(session, sender)
 
     async def _chain_nonce(self, session: aiohttp.ClientSession, sender: str) -> int:
@@ -544,6 +644,9 @@ class Verdict:
     double_billed: int = 0
     unbilled: int = 0
     reservations_left: int = 0
+    unsettled: int = 0  # billed rows not in a committed settlement batch
+    failed_batches: int = 0
+    missing_retry_after: int = 0
     ready_after_heal_s: float = 0.0
     slowest_answer_s: float = 0.0  # how the fault was felt when no answer was an error
     errors: dict[str, int] = field(default_factory=dict)
@@ -558,6 +661,9 @@ class Verdict:
             + self.double_billed
             + self.unbilled
             + self.reservations_left
+            + self.unsettled
+            + self.failed_batches
+            + self.missing_retry_after
         )
 
 
@@ -621,7 +727,15 @@ async def check(stack: Stack, load: Load, verdict: Verdict, settle_s: float) -> 
             )
             billed = Counter(r["tx_hash"] for r in rows if r["billed"])
             unbilled = sum(1 for h in executed if h not in billed)
-            if (unbilled == 0 and reserved == 0) or time.monotonic() > deadline:
+            # Settled exactly once: each billed row in a batch (one batch_id column) that committed.
+            unsettled = await conn.fetchval(
+                "SELECT count(*) FROM usage_ledger u LEFT JOIN settlement_batches b ON b.batch_id = u.batch_id"
+                " WHERE u.sender = ANY($1::text[]) AND u.billed AND (b.state IS NULL OR b.state <> 'committed')",
+                senders,
+            )
+            failed = await conn.fetchval("SELECT count(*) FROM settlement_batches WHERE state = 'failed'")
+            settled = unsettled == 0 and failed == 0
+            if (unbilled == 0 and reserved == 0 and settled) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.5)
     finally:
@@ -631,6 +745,9 @@ async def check(stack: Stack, load: Load, verdict: Verdict, settle_s: float) -> 
     )
     verdict.unbilled = unbilled
     verdict.reservations_left = int(reserved)
+    verdict.unsettled = int(unsettled)
+    verdict.failed_batches = int(failed)
+    verdict.missing_retry_after = load.missing_retry_after
     for h in executed:
         if h not in billed:
             verdict.details.append(f"executed, never billed: {h}")
@@ -709,6 +826,84 @@ async def _heal_gateway(stack: Stack) -> None:
             resp.raise_for_status()
 
 
+async def _offset_b_clock(stack: Stack, seconds: float) -> str:
+    await stack.restart_host("b", clock_offset_s=30)
+    deadline = time.monotonic() + 60
+    while (clock := (await stack.readiness("b")).get("checks", {}).get("clock")) in (None, "ok"):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"host b with its clock 30 s ahead never said so (clock: {clock})")
+        await asyncio.sleep(0.1)
+    # No lease is minted there: an assignment is refused, retryable, with Retry-After.
+    key = UserSecretKey.generate()
+    sender = address_of(key.generate_public_key().buffer).to_bech32()
+    now = int(time.time() * 1000)
+    proof = {
+        "kind": "key",
+        "serverTimeMs": now,
+        "signature": key.sign(presence_message("localnet", sender, now)).hex(),
+    }
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            f"{stack.hosts['b'].base}/v1/relay/assign", json={"sender": sender, "proof": proof}
+        ) as resp:
+            code = (await resp.json()).get("code")
+            if resp.status != 503 or code != "UPSTREAM_UNAVAILABLE" or "Retry-After" not in resp.headers:
+                raise AssertionError(f"host b with its clock off assigned: {resp.status} {code}")
+    return (
+        f"b restarted with its clock 30 s ahead (readyz clock: {clock}; assign: 503 {code}), {seconds:.0f} s"
+    )
+
+
+async def _heal_b_clock(stack: Stack) -> None:
+    await stack.restart_host("b")
+
+
+async def _batch_in_flight(stack: Stack, timeout: float = 60) -> str:
+    """Waits for a settlement batch built or submitted and not committed yet; its state."""
+    conn = await asyncpg.connect(stack.pg_dsn)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            state = await conn.fetchval(
+                "SELECT state FROM settlement_batches WHERE state IN ('built', 'submitted') LIMIT 1"
+            )
+            if state is not None:
+                return str(state)
+            if time.monotonic() > deadline:
+                raise TimeoutError("no settlement batch in flight")
+            await asyncio.sleep(0.01)
+    finally:
+        await conn.close()
+
+
+async def _kill_settlement_leader(stack: Stack, seconds: float) -> str:
+    leader = await stack.leader("settlement")
+    state = await _batch_in_flight(stack)
+    await stack.kill_host(leader)
+    stack.killed = [leader]
+    return f"{leader} (settlement leader) SIGKILLed with a batch {state}, back after {seconds:.0f} s"
+
+
+async def _kill_mirror_leaders(stack: Stack, seconds: float) -> str:
+    """The mirror's leader is killed; the survivor takes the role over and catches up, and is killed in
+    its catch-up while the first comes back, which catches up again."""
+    first = await stack.leader("mirror")
+    await stack.kill_host(first)
+    second = await stack.leader("mirror")  # the role moved once the dead leader's lease lapsed
+    await stack.kill_host(second)
+    await stack.restart_host(first)
+    stack.killed = [second]
+    return (
+        f"mirror leader {first} SIGKILLed, then {second} in its catch-up; {second} back after {seconds:.0f} s"
+    )
+
+
+async def _restart_killed(stack: Stack) -> None:
+    for host_id in stack.killed:
+        await stack.restart_host(host_id)
+    stack.killed = []
+
+
 SCENARIOS = {
     s.name: s
     for s in (
@@ -720,6 +915,11 @@ SCENARIOS = {
         Scenario("postgres-restart", "PostgreSQL connections dropped", _restart_postgres, _heal_postgres),
         Scenario("gateway-silent", "gateway acknowledges nothing", _gateway_silent, _heal_gateway),
         Scenario("gateway-slow", "gateway 2 s slow", _gateway_slow, _heal_gateway),
+        Scenario("b-clock-offset", "host b's clock 30 s ahead", _offset_b_clock, _heal_b_clock),
+        Scenario(
+            "settlement-leader-killed", "SIGKILL mid-settlement", _kill_settlement_leader, _restart_killed
+        ),
+        Scenario("mirror-leaders-killed", "SIGKILL mid-catch-up", _kill_mirror_leaders, _restart_killed),
     )
 }
 
@@ -743,16 +943,20 @@ LONG = Shape(senders=24, gap_s=0.1, fault_after_s=5.0, fault_s=20.0, after_s=10.
 async def run_scenario(stack: Stack, scenario: Scenario, shape: Shape) -> Verdict:
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         load = Load(stack, shape.senders, shape.gap_s, 0.0, shape.give_up_s)
-        await load.prepare(session)
         load.stop_at = time.monotonic() + shape.fault_after_s + shape.fault_s + shape.after_s
         running = asyncio.create_task(load.run(session))
-        await asyncio.sleep(shape.fault_after_s)
-        faults = await scenario.inject(stack, shape.fault_s)
-        await asyncio.sleep(shape.fault_s)
-        await scenario.heal(stack)
-        verdict = Verdict(scenario.name, faults)
-        verdict.ready_after_heal_s = await wait_ready(list(stack.hosts.values()), timeout=shape.ready_s)
-        await running
+        try:
+            await asyncio.sleep(shape.fault_after_s)
+            faults = await scenario.inject(stack, shape.fault_s)
+            await asyncio.sleep(shape.fault_s)
+            await scenario.heal(stack)
+            verdict = Verdict(scenario.name, faults)
+            verdict.ready_after_heal_s = await wait_ready(list(stack.hosts.values()), timeout=shape.ready_s)
+            await running
+        finally:
+            if not running.done():  # a scenario that failed: stop its load before the session closes
+                running.cancel()
+                await asyncio.gather(running, return_exceptions=True)
     await check(stack, load, verdict, shape.settle_s)
     return verdict
 
@@ -760,13 +964,15 @@ async def run_scenario(stack: Stack, scenario: Scenario, shape: Shape) -> Verdic
 def print_verdicts(verdicts: list[Verdict]) -> None:
     table = Table(title="bench/chaos.py: the delivery invariants under each fault")
     for column in ("scenario", "faults", "acked", "lost", "doubled", "sent after error", "double-billed",
-                   "unbilled", "reserved left", "ready after heal s", "slowest answer s", "client errors by code"):  # fmt: skip
+                   "unbilled", "reserved left", "unsettled", "failed batches", "no Retry-After", "ready after heal s",
+                   "slowest answer s", "client errors by code"):  # fmt: skip
         table.add_column(column)
     for v in verdicts:
         errors = ", ".join(f"{code} {n}" for code, n in sorted(v.errors.items())) or "-"
         table.add_row(
             v.scenario, v.faults, str(v.acked), str(v.lost), str(v.doubled), str(v.sent_after_error),
-            str(v.double_billed), str(v.unbilled), str(v.reservations_left), f"{v.ready_after_heal_s:.1f}",
+            str(v.double_billed), str(v.unbilled), str(v.reservations_left), str(v.unsettled),
+            str(v.failed_batches), str(v.missing_retry_after), f"{v.ready_after_heal_s:.1f}",
             f"{v.slowest_answer_s:.1f}", errors,
         )  # fmt: skip
     console.print(table)
@@ -785,7 +991,7 @@ async def main_async(args: argparse.Namespace) -> int:
         stack = Stack(Path(tmp), args.postgres_url)
         try:
             with console.status("starting localnet, Redis and hosts a and b"):
-                await stack.start()
+                await stack.start(senders=shape.senders * len(names))
             for name in names:
                 with console.status(f"{name}: {shape.senders} senders, fault {shape.fault_s:.0f} s"):
                     verdicts.append(await run_scenario(stack, SCENARIOS[name], shape))
