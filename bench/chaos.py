@@ -819,9 +819,17 @@ async def _gateway_slow(stack: Stack, seconds: float) -> str:
     return f"gateway 2 s slow on every call, {seconds:.0f} s"
 
 
+async def _gateway_reordering(stack: Stack, seconds: float) -> str:
+    async with aiohttp.ClientSession() as session:
+        body = {"gateway": {"jitterMs": 1_500}}
+        async with session.post(f"{stack.gateway}/localnet/faults", json=body) as resp:
+            resp.raise_for_status()
+    return f"gateway answers each call after a random 0-1.5 s (out of order), {seconds:.0f} s"
+
+
 async def _heal_gateway(stack: Stack) -> None:
     async with aiohttp.ClientSession() as session:
-        body = {"gateway": {"dropAcks": 0, "latencyMs": {}}}
+        body = {"gateway": {"dropAcks": 0, "latencyMs": {}, "jitterMs": 0}}
         async with session.post(f"{stack.gateway}/localnet/faults", json=body) as resp:
             resp.raise_for_status()
 
@@ -915,6 +923,7 @@ SCENARIOS = {
         Scenario("postgres-restart", "PostgreSQL connections dropped", _restart_postgres, _heal_postgres),
         Scenario("gateway-silent", "gateway acknowledges nothing", _gateway_silent, _heal_gateway),
         Scenario("gateway-slow", "gateway 2 s slow", _gateway_slow, _heal_gateway),
+        Scenario("gateway-reordering", "gateway answers out of order", _gateway_reordering, _heal_gateway),
         Scenario("b-clock-offset", "host b's clock 30 s ahead", _offset_b_clock, _heal_b_clock),
         Scenario(
             "settlement-leader-killed", "SIGKILL mid-settlement", _kill_settlement_leader, _restart_killed

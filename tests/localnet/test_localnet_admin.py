@@ -182,3 +182,30 @@ def test_snapshot_and_rounds(localnet) -> None:  # type: ignore[no-untyped-def]
     info = requests.get(f"{localnet.url}/localnet/info", timeout=5).json()["data"]
     assert info["contract"] in snapshot["accounts"]
     assert snapshot["accounts"][info["contract"]]["contract"]["name"] == "gasless-billing"
+
+
+def test_gateway_jitter_answers_concurrent_requests_out_of_order(localnet) -> None:  # type: ignore[no-untyped-def]
+    """`jitterMs` delays each request by a random 0..N ms (seeded): requests sent 20 ms apart are answered
+    in another order than they were sent."""
+    import threading
+
+    post(localnet.url, "/localnet/faults", {"gateway": {"jitterMs": 1_000, "seed": 7}})
+    finished: list[int] = []
+    lock = threading.Lock()
+
+    def call(index: int) -> None:
+        assert requests.get(f"{localnet.url}/network/config", timeout=10).status_code == 200
+        with lock:
+            finished.append(index)
+
+    threads = []
+    try:
+        for index in range(10):
+            threads.append(threading.Thread(target=call, args=(index,)))
+            threads[-1].start()
+            time.sleep(0.02)  # the order the requests are sent in, not a wait for a condition
+        for thread in threads:
+            thread.join(15)
+    finally:
+        requests.delete(f"{localnet.url}/localnet/faults", timeout=5)
+    assert sorted(finished) == list(range(10)) and finished != list(range(10)), finished

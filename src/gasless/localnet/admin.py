@@ -1,7 +1,7 @@
 """localnet's admin API under `/localnet/...` and the per-gateway fault injection middleware.
 
 Chain-wide switches (stalled shards, clock offset, pause flags, balances) act on the shared network; the
-gateway faults (down, added latency, 5xx rate, dropped send acknowledgements) act on the one gateway that
+gateway faults (down, added latency, jitter, 5xx rate, dropped send acknowledgements) act on the one gateway that
 received the admin call, so a test can break one of several gateways.
 """
 
@@ -28,6 +28,7 @@ SEND_PATHS = ("/transaction/send", "/transaction/send-multiple")
 class GatewayFaults:
     down: bool = False
     latency_ms: dict[str, int] = field(default_factory=dict)  # path prefix -> added ms; "*" for all
+    jitter_ms: int = 0  # each request also waits a random 0..jitter_ms: concurrent answers come out of order
     error_rate: float = 0.0  # share of requests answered 5xx before anything is processed
     error_status: int = 500
     drop_acks: int = 0  # the next N send acknowledgements are withheld (-1: all); the tx IS accepted
@@ -57,6 +58,8 @@ async def fault_middleware(request: web.Request, handler: Handler) -> web.Stream
     if faults.down:
         return fail("gateway unavailable", status=503)
     delay = faults.latency_for(request.path)
+    if faults.jitter_ms:
+        delay += request.app[RNG_KEY].randint(0, faults.jitter_ms)
     if delay:
         await asyncio.sleep(delay / 1000)
     if faults.error_rate and request.app[RNG_KEY].random() < faults.error_rate:
@@ -198,6 +201,8 @@ async def set_faults(request: web.Request) -> web.Response:
             faults.down = bool(gateway["down"])
         if "latencyMs" in gateway:
             faults.latency_ms = {str(k): int(v) for k, v in dict(gateway["latencyMs"]).items()}
+        if "jitterMs" in gateway:
+            faults.jitter_ms = max(0, int(gateway["jitterMs"]))
         if "errorRate" in gateway:
             faults.error_rate = min(1.0, max(0.0, float(gateway["errorRate"])))
         if "errorStatus" in gateway:
