@@ -14,8 +14,11 @@ and posted; after an error answer or no answer the same bytes go to the other ho
 One line per scenario: faults, relays acknowledged, lost, doubled, sent after an error, double-billed,
 time to ready after the heal, client-visible errors by code.
 
-    .venv/bin/python bench/chaos.py --postgres-url postgresql+asyncpg://postgres@127.0.0.1:5432/postgres
-    .venv/bin/python bench/chaos.py --short --scenario redis-restart   # the test suite's version
+    .venv/bin/python bench/chaos.py                                    # every scenario, the long version
+    .venv/bin/python bench/chaos.py --short --scenario redis-restart   # one, the test suite's shape
+
+PostgreSQL is a cluster of the run's own (initdb of Debian's server binaries, as the postgres user when run
+as root), so the `postgres-restart` scenario can crash and restart it.
 
 The test suite (`tests/chaos`) runs every scenario with `--short`'s figures; this command runs the long
 version (more senders, longer faults) and prints the figures docs/reliability.md records.
@@ -29,6 +32,7 @@ import importlib.util
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -168,6 +172,56 @@ def _abort(writer: asyncio.StreamWriter) -> None:
         transport.abort()
 
 
+# PostgreSQL: a server of the run's own, so it can be restarted -----------------------------------------
+def postgres_bin() -> Path | None:
+    """Debian's PostgreSQL server binaries (`/usr/lib/postgresql/<version>/bin`), newest first."""
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"), key=lambda p: int(p.parent.parent.name))
+    return found[-1].parent if found else None
+
+
+class PostgresServer:
+    """A PostgreSQL cluster made for the run (initdb in a temporary directory, a free port, loopback only),
+    so `restart` can crash it for real (`pg_ctl stop -m immediate`: every connection dropped, whatever each
+    transaction was doing, WAL recovery on the next start) without touching a server anyone else uses."""
+
+    def __init__(self, bin_dir: Path) -> None:
+        self.bin_dir = bin_dir
+        self.root = Path(tempfile.mkdtemp(prefix="gasless-chaos-pg-"))
+        self.data = self.root / "data"
+        self.port = free_port()
+        if os.geteuid() == 0:  # initdb refuses root: the cluster belongs to the postgres user
+            shutil.chown(self.root, "postgres")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str) -> None:
+        command = [str(self.bin_dir / args[0]), *args[1:]]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+
+    def init(self) -> PostgresServer:
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync")
+        self.start()
+        return self
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "log"), "-w", "-o", options, "start")
+
+    def crash(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+
+    def remove(self) -> None:
+        try:
+            self.crash()
+        except subprocess.CalledProcessError:
+            pass  # not running
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 # The stack ---------------------------------------------------------------------------------------------
 @dataclass
 class Host:
@@ -194,6 +248,7 @@ class Stack:
     senders: list[UserSecretKey] = field(default_factory=list)  # granted a plan, not used yet
     killed: list[str] = field(default_factory=list)  # hosts a scenario SIGKILLed, restarted at its heal
     pg_port: int = 0
+    postgres: PostgresServer | None = None  # the run's own server, when the stack made one
 
     @property
     def pg_dsn(self) -> str:
@@ -360,7 +415,9 @@ class Stack:
         for host in self.hosts.values():
             host.postgres.close()
             host.redis.close()
-        if self.database:
+        if self.postgres is not None:
+            self.postgres.remove()
+        elif self.database:
             await _pg(self.admin_url, f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
 
     async def terminate_backends(self) -> int:
@@ -791,7 +848,18 @@ async def _heal_redis(stack: Stack) -> None:
     stack.start_redis()
 
 
-async def _restart_postgres(stack: Stack, seconds: float) -> str:
+async def _crash_postgres(stack: Stack, seconds: float) -> str:
+    assert stack.postgres is not None
+    stack.postgres.crash()  # immediate: no checkpoint, every connection dropped mid-whatever, WAL recovery
+    return f"PostgreSQL crashed (pg_ctl stop -m immediate), started again after {seconds:.0f} s"
+
+
+async def _start_postgres(stack: Stack) -> None:
+    assert stack.postgres is not None
+    stack.postgres.start()
+
+
+async def _drop_postgres_connections(stack: Stack, seconds: float) -> str:
     ended = await stack.terminate_backends()  # mid-transaction, mid-commit: whatever each was doing
     for host in stack.hosts.values():
         host.postgres.set("reset")
@@ -920,7 +988,13 @@ SCENARIOS = {
         ),
         Scenario("a-redis-partition", "host a cut from Redis", _partition_a_from_redis, _heal_a_redis),
         Scenario("redis-restart", "Redis restarted, state lost", _restart_redis, _heal_redis),
-        Scenario("postgres-restart", "PostgreSQL connections dropped", _restart_postgres, _heal_postgres),
+        Scenario(
+            "postgres-connections-dropped",
+            "PostgreSQL backends terminated",
+            _drop_postgres_connections,
+            _heal_postgres,
+        ),
+        Scenario("postgres-restart", "PostgreSQL crashed and restarted", _crash_postgres, _start_postgres),
         Scenario("gateway-silent", "gateway acknowledges nothing", _gateway_silent, _heal_gateway),
         Scenario("gateway-slow", "gateway 2 s slow", _gateway_slow, _heal_gateway),
         Scenario("gateway-reordering", "gateway answers out of order", _gateway_reordering, _heal_gateway),
@@ -995,9 +1069,23 @@ async def main_async(args: argparse.Namespace) -> int:
     if args.fault_s:
         shape = Shape(**{**shape.__dict__, "fault_s": args.fault_s})
     names = args.scenario or list(SCENARIOS)
+    if args.postgres_url and "postgres-restart" in names:
+        if args.scenario:
+            console.print("postgres-restart needs the run's own server: leave out --postgres-url")
+            return 2
+        names.remove("postgres-restart")
     verdicts = []
     with tempfile.TemporaryDirectory(prefix="gasless-chaos-") as tmp:
-        stack = Stack(Path(tmp), args.postgres_url)
+        server = None
+        if not args.postgres_url:
+            bin_dir = postgres_bin()
+            if bin_dir is None:
+                console.print(
+                    "no PostgreSQL server binaries: pass --postgres-url (postgres-restart needs them)"
+                )
+                return 2
+            server = PostgresServer(bin_dir).init()
+        stack = Stack(Path(tmp), args.postgres_url or server.url, postgres=server)  # type: ignore[union-attr]
         try:
             with console.status("starting localnet, Redis and hosts a and b"):
                 await stack.start(senders=shape.senders * len(names))
@@ -1017,10 +1105,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--postgres-url",
-        default=os.environ.get(
-            "GASLESS_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
-        ),
-        help="a PostgreSQL server (the run makes and drops a database of its own)",
+        default="",
+        help="a PostgreSQL server to use instead of one of the run's own (the run makes and drops a database"
+        " there; the postgres-restart scenario then cannot run)",
     )
     parser.add_argument(
         "--scenario", action="append", choices=sorted(SCENARIOS), help="repeatable; default all"

@@ -1,17 +1,17 @@
-"""The fault suite's short version (bench/chaos.py --short, docs/reliability.md): hosts a and b on
-PostgreSQL and a Redis of their own, load from several senders retrying the same bytes on the other host,
-and each fault injected under load: host b cut from PostgreSQL, host a cut from Redis, Redis restarted
-empty, PostgreSQL's connections dropped, a gateway that acknowledges nothing, a slow gateway, host b's clock
-30 s ahead, the settlement leader SIGKILLed with a batch in flight, the mirror's leaders SIGKILLed in turn.
-After each: no acknowledged relay lost, nothing executed twice, nothing sent after an error answer, one
-billed row per execution, no reservation left, every billed row in a committed settlement batch, every
-429/503 with Retry-After, both hosts ready again."""
+"""The fault suite's short version (bench/chaos.py --short, docs/reliability.md): hosts a and b on a
+PostgreSQL server and a Redis of their own (so both can crash), load from several senders retrying the same
+bytes on the other host, and each fault injected under load: host b cut from PostgreSQL, host a cut from
+Redis, Redis restarted empty, PostgreSQL's connections dropped, PostgreSQL crashed and restarted, a gateway
+that acknowledges nothing, a slow gateway, a gateway answering out of order, host b's clock 30 s ahead, the
+settlement leader SIGKILLed with a batch in flight, the mirror's leaders SIGKILLed in turn. After each: no
+acknowledged relay lost, nothing executed twice, nothing sent after an error answer, one billed row per
+execution, no reservation left, every billed row in a committed settlement batch, every 429/503 with
+Retry-After, both hosts ready again."""
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
-import os
 import shutil
 import sys
 from collections.abc import Iterator
@@ -32,12 +32,13 @@ _spec.loader.exec_module(chaos)
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    admin_url = os.environ.get("GASLESS_TEST_POSTGRES_URL")
-    if not admin_url:
-        pytest.skip("fault suite skipped: needs GASLESS_TEST_POSTGRES_URL")
+    bin_dir = chaos.postgres_bin()
+    if bin_dir is None:
+        pytest.skip("fault suite skipped: needs PostgreSQL's server binaries (it runs a server of its own)")
     if shutil.which("redis-server") is None:
         pytest.skip("fault suite skipped: needs the redis-server binary (it runs a Redis of its own)")
-    stack = chaos.Stack(tmp_path_factory.mktemp("chaos"), admin_url)
+    server = chaos.PostgresServer(bin_dir).init()
+    stack = chaos.Stack(tmp_path_factory.mktemp("chaos"), server.url, postgres=server)
     try:
         asyncio.run(stack.start(senders=chaos.SHORT.senders * len(chaos.SCENARIOS)))
         yield stack
