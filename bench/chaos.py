@@ -9,8 +9,10 @@ and posted; after an error answer or no answer the same bytes go to the other ho
 1. every relay answered 200/202 executed on chain;
 2. no transaction executed twice, no nonce executed two different transactions;
 3. bytes that only ever got error answers left nothing on chain;
-4. exactly one billed usage row per executed transaction, no reservation left `reserved`;
-5. after the heal, both hosts are ready again (the time it took is printed).
+4. exactly one billed usage row per executed transaction, no reservation left `reserved`, every billed
+   row in a committed settlement batch;
+5. after the heal, both hosts are ready again (the time it took is printed) and read a sample of the
+   executed relays back as FINALIZED; every 429/503 carried Retry-After.
 One line per scenario: faults, relays acknowledged, lost, doubled, sent after an error, double-billed,
 time to ready after the heal, client-visible errors by code.
 
@@ -704,6 +706,7 @@ class Verdict:
     unsettled: int = 0  # billed rows not in a committed settlement batch
     failed_batches: int = 0
     missing_retry_after: int = 0
+    wrong_reads: int = 0  # sampled executed relays a host does not read as FINALIZED
     ready_after_heal_s: float = 0.0
     slowest_answer_s: float = 0.0  # how the fault was felt when no answer was an error
     errors: dict[str, int] = field(default_factory=dict)
@@ -721,6 +724,7 @@ class Verdict:
             + self.unsettled
             + self.failed_batches
             + self.missing_retry_after
+            + self.wrong_reads
         )
 
 
@@ -731,7 +735,7 @@ async def chain_status(session: aiohttp.ClientSession, gateway: str, tx_hash: st
         return str((await resp.json())["data"]["status"])
 
 
-async def check(stack: Stack, load: Load, verdict: Verdict, settle_s: float) -> None:
+async def check(stack: Stack, load: Load, verdict: Verdict, settle_s: float, read_sample: int) -> None:
     """The five invariants, after every acknowledged relay had `settle_s` to execute and finalize."""
     by_hash = {s.tx_hash: s for s in load.signed}
     statuses: dict[str, str] = {}
@@ -810,6 +814,30 @@ async def check(stack: Stack, load: Load, verdict: Verdict, settle_s: float) -> 
             verdict.details.append(f"executed, never billed: {h}")
     verdict.errors = dict(load.errors)
     verdict.slowest_answer_s = max((a.seconds for s in load.signed for a in s.attempts), default=0.0)
+    await check_reads(stack, sorted(h for h in executed if by_hash[h].acked), verdict, deadline, read_sample)
+
+
+async def check_reads(
+    stack: Stack, executed: list[str], verdict: Verdict, deadline: float, read_sample: int
+) -> None:
+    """After the heal both hosts serve correct reads: a sample of the executed relays reads `FINALIZED`
+    with its own hash on each host (`GET /v1/relay/{txHash}`), waiting for it until the deadline."""
+    sample = random.Random(len(executed)).sample(executed, min(read_sample, len(executed)))
+    read_deadline = max(deadline, time.monotonic() + 30)
+    async with aiohttp.ClientSession() as session:
+        for host in stack.hosts.values():
+            for tx_hash in sample:
+                while True:
+                    async with session.get(f"{host.base}/v1/relay/{tx_hash}") as resp:
+                        status, body = resp.status, await resp.json(content_type=None)
+                        retry = _seconds(resp.headers.get("Retry-After"))
+                    if status == 200 and body.get("state") == "FINALIZED" and body.get("txHash") == tx_hash:
+                        break
+                    if time.monotonic() > read_deadline:
+                        verdict.wrong_reads += 1
+                        verdict.details.append(f"host {host.host_id} reads {tx_hash}: {status} {body}")
+                        break
+                    await asyncio.sleep(max(retry, 0.2))
 
 
 # Scenarios ---------------------------------------------------------------------------------------------
@@ -1017,9 +1045,10 @@ class Shape:
     give_up_s: float = 60.0
     settle_s: float = 90.0
     ready_s: float = 60.0
+    read_sample: int = 100  # executed relays read back from each host after the heal
 
 
-SHORT = Shape(senders=6, gap_s=0.2, fault_after_s=2.0, fault_s=5.0, after_s=3.0)
+SHORT = Shape(senders=6, gap_s=0.2, fault_after_s=2.0, fault_s=5.0, after_s=3.0, read_sample=30)
 LONG = Shape(senders=24, gap_s=0.1, fault_after_s=5.0, fault_s=20.0, after_s=10.0)
 
 
@@ -1040,14 +1069,15 @@ async def run_scenario(stack: Stack, scenario: Scenario, shape: Shape) -> Verdic
             if not running.done():  # a scenario that failed: stop its load before the session closes
                 running.cancel()
                 await asyncio.gather(running, return_exceptions=True)
-    await check(stack, load, verdict, shape.settle_s)
+    await check(stack, load, verdict, shape.settle_s, shape.read_sample)
     return verdict
 
 
 def print_verdicts(verdicts: list[Verdict]) -> None:
     table = Table(title="bench/chaos.py: the delivery invariants under each fault")
     for column in ("scenario", "faults", "acked", "lost", "doubled", "sent after error", "double-billed",
-                   "unbilled", "reserved left", "unsettled", "failed batches", "no Retry-After", "ready after heal s",
+                   "unbilled", "reserved left", "unsettled", "failed batches", "no Retry-After", "wrong reads",
+                   "ready after heal s",
                    "slowest answer s", "client errors by code"):  # fmt: skip
         table.add_column(column)
     for v in verdicts:
@@ -1055,7 +1085,7 @@ def print_verdicts(verdicts: list[Verdict]) -> None:
         table.add_row(
             v.scenario, v.faults, str(v.acked), str(v.lost), str(v.doubled), str(v.sent_after_error),
             str(v.double_billed), str(v.unbilled), str(v.reservations_left), str(v.unsettled),
-            str(v.failed_batches), str(v.missing_retry_after), f"{v.ready_after_heal_s:.1f}",
+            str(v.failed_batches), str(v.missing_retry_after), str(v.wrong_reads), f"{v.ready_after_heal_s:.1f}",
             f"{v.slowest_answer_s:.1f}", errors,
         )  # fmt: skip
     console.print(table)
