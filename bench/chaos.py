@@ -497,24 +497,28 @@ async def _wait_json(url: str, timeout: float = 60.0) -> dict[str, Any]:
             await asyncio.sleep(0.1)
 
 
+async def _wait_answer(
+    session: aiohttp.ClientSession, host: Host, path: str, deadline: float, what: str
+) -> None:
+    """Until `host` answers `path` with 200; raises if its process exits or past `deadline` (monotonic)."""
+    while True:
+        if host.proc.poll() is not None:
+            raise RuntimeError(f"host {host.host_id} exited ({host.log_path})")
+        try:
+            async with session.get(f"{host.base}{path}", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                if resp.status == 200:
+                    return
+        except (aiohttp.ClientError, TimeoutError):
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"host {host.host_id} not {what} in time")
+        await asyncio.sleep(0.1)
+
+
 async def wait_serving(host: Host, timeout: float) -> None:
     """Until the host answers /healthz (ready or not)."""
-    deadline = time.monotonic() + timeout
     async with aiohttp.ClientSession() as session:
-        while True:
-            if host.proc.poll() is not None:
-                raise RuntimeError(f"host {host.host_id} exited ({host.log_path})")
-            try:
-                async with session.get(
-                    f"{host.base}/healthz", timeout=aiohttp.ClientTimeout(total=2)
-                ) as resp:
-                    if resp.status == 200:
-                        return
-            except (aiohttp.ClientError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"host {host.host_id} not serving within {timeout:.0f} s")
-            await asyncio.sleep(0.1)
+        await _wait_answer(session, host, "/healthz", time.monotonic() + timeout, "serving")
 
 
 async def wait_ready(hosts: list[Host], timeout: float) -> float:
@@ -522,20 +526,7 @@ async def wait_ready(hosts: list[Host], timeout: float) -> float:
     start = time.monotonic()
     async with aiohttp.ClientSession() as session:
         for host in hosts:
-            while True:
-                if host.proc.poll() is not None:
-                    raise RuntimeError(f"host {host.host_id} exited ({host.log_path})")
-                try:
-                    async with session.get(
-                        f"{host.base}/readyz", timeout=aiohttp.ClientTimeout(total=2)
-                    ) as resp:
-                        if resp.status == 200:
-                            break
-                except (aiohttp.ClientError, TimeoutError):
-                    pass
-                if time.monotonic() - start > timeout:
-                    raise TimeoutError(f"host {host.host_id} not ready within {timeout:.0f} s")
-                await asyncio.sleep(0.1)
+            await _wait_answer(session, host, "/readyz", start + timeout, "ready")
     return time.monotonic() - start
 
 

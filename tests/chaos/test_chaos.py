@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.postgres]
 
 _path = Path(__file__).resolve().parents[2] / "bench" / "chaos.py"
 _spec = importlib.util.spec_from_file_location("bench_chaos", _path)
-assert _spec is not None and _spec.loader is not None
+if _spec is None or _spec.loader is None:
+    raise ImportError(f"cannot load {_path}")
 chaos: Any = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = chaos  # its dataclasses look their module up there
 _spec.loader.exec_module(chaos)
