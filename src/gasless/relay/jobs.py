@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import structlog
 from sqlalchemy import ColumnElement, and_
 
+from gasless.chain.addresses import METACHAIN
 from gasless.chain.gateway import Broadcast, GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
 from gasless.db import intents
@@ -29,6 +30,12 @@ log = structlog.get_logger("gasless.relay.jobs")
 REBROADCAST_MS = 3_000  # an acknowledged intent not yet seen on chain is re-sent this often
 GIVE_UP_MS = 900_000  # an intent the chain never saw is declared dead after this long
 RESYNC_MS = 2_000  # adopt intents committed by other hosts (and drop those they settled)
+# While the hyperblocks are followed, an intent is first looked at on its own this many rounds after it was
+# co-signed: by then a transaction the chain executed has shown in a hyperblock, so a look is only needed
+# for the ones that did not (still in the pool, rejected, replaced, or a hyperblock that was not read).
+LOOK_AFTER_ROUNDS = 3
+MAX_HYPERBLOCKS_PER_TICK = 10  # a tracker that fell behind (a slow gateway) catches up this many a tick
+MAX_HYPERBLOCKS_BEHIND = 200  # further behind than this, it jumps to the newest and the looks cover the gap
 REJECTION_RETENTION_MS = 30 * 86_400_000
 
 
@@ -165,6 +172,8 @@ class Tracker(Worker):
         broadcaster.on_update = self._refresh
         self._resynced_ms = 0
         self._limit = asyncio.Semaphore(32)
+        self._hyper_cursor: int | None = None  # the next hyperblock to read
+        self._following = False  # the last hyperblock read succeeded
 
     def _refresh(self, row: Rec) -> None:
         old = self._tracked.get(int(row.pk))
@@ -173,8 +182,12 @@ class Tracker(Worker):
 
     def watch(self, row: Rec) -> None:
         self._tracked[int(row.pk)] = row
-        # A fresh intent cannot be in a block before the next round: look at it then.
-        self._next_check[int(row.pk)] = self.clock() + self.network.params.round_duration_ms // 2
+        round_ms = self.network.params.round_duration_ms
+        # Executions are read from the hyperblocks (one read a block for every intent); while that works an
+        # intent is looked at on its own only if it has not executed within a few rounds. Otherwise: a fresh
+        # intent cannot be in a block before the next round, so look at it then.
+        wait_ms = max(1_000, LOOK_AFTER_ROUNDS * round_ms) if self._following else round_ms // 2
+        self._next_check[int(row.pk)] = self.clock() + wait_ms
 
     @property
     def tracked(self) -> int:
@@ -216,13 +229,22 @@ class Tracker(Worker):
         final = self.network.meta_highest_final_nonce
         if final is not None:
             batch.finalize([pk for pk, hyper in self._hyper.items() if hyper <= final], now)
+        # Each intent is looked at about once per round: the chain cannot change faster than that.
+        next_at = now + max(50, self.network.params.round_duration_ms)
+        for pk, chain_tx in (await self._follow_hyperblocks()).items():
+            row = self._tracked.get(pk)
+            if row is None or pk in self._hyper:
+                continue
+            if chain_tx.get("status") == "fail":
+                self._next_check[pk] = 0  # a full look: the hyperblock does not carry the failure's reason
+                continue
+            self._next_check[pk] = next_at
+            await self._decide(row, chain_tx, batch, now)
         due = [
             row
             for pk, row in list(self._tracked.items())
-            if self._next_check.get(pk, 0) <= now and pk not in self._hyper
+            if self._next_check.get(pk, 0) <= now and pk not in self._hyper and pk not in batch.expected
         ]
-        # Each intent is looked at about once per round: the chain cannot change faster than that.
-        next_at = now + max(50, self.network.params.round_duration_ms)
         for row in due:
             self._next_check[int(row.pk)] = next_at
         if due:
@@ -234,6 +256,44 @@ class Tracker(Worker):
         # Only once the execution is stored: an intent waiting for its hyperblock is never looked at again,
         # so one whose write failed (the database dropped the connection) would wait for ever, unbilled.
         self._hyper.update((pk, hyper) for pk, hyper in batch.hyper.items() if pk in self._tracked)
+
+    async def _follow_hyperblocks(self) -> dict[int, dict[str, Any]]:
+        """The tracked intents the hyperblocks read since the last tick show as settled (pk -> the transaction
+        as the hyperblock lists it, with its coordinates). One read a block whatever the number of intents,
+        instead of one look per intent per round. A failed read leaves the cursor: it is read again next tick,
+        and meanwhile the per-intent looks (which never stop) see what it would have shown."""
+        meta = self.network.status(METACHAIN)
+        if meta is None:
+            return {}
+        newest = meta.nonce
+        if self._hyper_cursor is None or newest - self._hyper_cursor >= MAX_HYPERBLOCKS_BEHIND:
+            # Start (or a long gap) at the newest block: what executed before is found by the looks.
+            self._hyper_cursor = newest
+        by_hash = {row.tx_hash: pk for pk, row in self._tracked.items()} if self._tracked else {}
+        seen: dict[int, dict[str, Any]] = {}
+        last = min(newest, self._hyper_cursor + MAX_HYPERBLOCKS_PER_TICK - 1)
+        while self._hyper_cursor <= last:
+            try:
+                data = await self.gateway.get(f"/hyperblock/by-nonce/{self._hyper_cursor}")
+            except (GatewayUnavailable, GatewayRejected):
+                self._following = False
+                break
+            self._following = True
+            hyper = data.get("hyperblock") or {}
+            for chain_tx in hyper.get("transactions") or []:
+                pk = by_hash.get(chain_tx.get("hash"))
+                if pk is None or chain_tx.get("status") not in ("success", "fail", "invalid"):
+                    continue  # not ours, or a cross-shard transaction only notarized at its source
+                chain_tx = dict(chain_tx)
+                chain_tx["hyperblockNonce"] = chain_tx.get("hyperblockNonce") or self._hyper_cursor
+                chain_tx["blockNonce"] = chain_tx.get("blockNonce") or chain_tx["hyperblockNonce"]
+                if not chain_tx.get("timestampMs") and not chain_tx.get("timestamp"):
+                    chain_tx["timestampMs"] = (
+                        hyper.get("timestampMs") or int(hyper.get("timestamp") or 0) * 1000
+                    )
+                seen[pk] = chain_tx
+            self._hyper_cursor += 1
+        return seen
 
     async def _resync(self) -> None:
         """Adopt intents committed by other hosts (and drop those settled elsewhere): a light read of

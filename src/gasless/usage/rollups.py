@@ -322,6 +322,10 @@ class MergeProcess:
         self.database_url = database_url
         self._pool: ProcessPoolExecutor | None = None
 
+    @property
+    def running(self) -> bool:
+        return self._pool is not None
+
     async def prepare(self, round_ms: int, now_ms: int, limit: int) -> PreparedBatch:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(
@@ -456,7 +460,8 @@ class RollupRepository:
 class LatencyRollup:
     """The singleton feeding the rollups (role `latency-rollup`): a batch every `latency_rollup_ms` (5 s: a
     batch costs by the rollup keys it touches, not by its rows), retention hourly. A batch of at least
-    `offload_rows` rows is read and merged in a child process (`MergeProcess`), a smaller one in a thread."""
+    `offload_rows` rows starts a child process (`MergeProcess`) that reads and merges it, and every batch
+    after it; until then (a quiet host, most tests) small batches are merged in a thread."""
 
     def __init__(
         self, repo: RollupRepository, round_ms: Any, *, every_ms: int = 5_000, offload_rows: int = 100
@@ -486,7 +491,12 @@ class LatencyRollup:
     async def step(self) -> int:
         now = int(time.time() * 1000)
         round_ms = int(self.round_ms())
-        if self.merger is not None and await self.repo.uncounted(self.offload_rows) >= self.offload_rows:
+        # Once the merge process runs (the host has been busy), every batch goes there: a small batch costs
+        # nearly as much as a large one (the merge costs by the rollup keys it touches), and in a thread it
+        # still took the GIL from the relays in flight (py-spy --gil of a paced run, docs/performance.md).
+        if self.merger is not None and (
+            self.merger.running or await self.repo.uncounted(self.offload_rows) >= self.offload_rows
+        ):
             counted = await self.repo.write(await self.merger.prepare(round_ms, now, BATCH))
         else:
             counted = await self.repo.roll_up(round_ms, now)
