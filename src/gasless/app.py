@@ -25,6 +25,7 @@ from gasless.compat.rendering import CompatErrorMiddleware
 from gasless.db import create_engine, ping, upgrade
 from gasless.host import Health, HostState, gateway_answers, purpose_keys, redis_answers
 from gasless.http.body_limit import BodyLimitMiddleware
+from gasless.http.direct import DirectRoutes, declared_route
 from gasless.http.head import HeadMiddleware
 from gasless.http.json_body import JsonBodyRoute
 from gasless.http.openapi import install_openapi
@@ -168,7 +169,14 @@ def create_app(
     app.state.host = state
     # Outermost last: request id, metrics, RateLimit-* headers, then origins/CORS (so even a 413 from the
     # body limit is readable by an allowed page, and an origin refusal carries its request id), then the
-    # body limit (before any route code), then HEAD answered as GET without a body (next to the routes).
+    # body limit (before any route code), then HEAD answered as GET without a body, then the direct routes
+    # (next to the router).
+    # Innermost: the relay answered as plain ASGI, past every middleware below but before the router.
+    app.add_middleware(
+        DirectRoutes,
+        routes=[(declared_route(relay_routes.router.routes, "relayTransaction"), relay_routes.relay_direct)],
+        docs_url=settings.docs_url,
+    )
     app.add_middleware(HeadMiddleware)
     app.add_middleware(BodyLimitMiddleware, docs_url=settings.docs_url)
     app.add_middleware(

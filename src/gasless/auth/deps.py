@@ -331,7 +331,8 @@ refuse_url_credentials = _refuse_url_credentials
 Public = Depends(public)
 NativeAuthCaller = Annotated[Caller, Depends(native_auth_caller)]
 OptionalBearer = Annotated[str | None, Depends(optional_bearer)]
-RelaySponsorKey = Annotated[SponsorKey | None, Depends(sponsor_key("relay", required=False))]
+relay_sponsor = sponsor_key("relay", required=False)  # also called directly by the relay's direct route
+RelaySponsorKey = Annotated[SponsorKey | None, Depends(relay_sponsor)]
 account_read = account_access("read")  # also handed to the private-read limit (one call per request)
 AccountRead = Annotated[AccountAccess, Depends(account_read)]
 AccountWrite = Annotated[AccountAccess, Depends(account_access("write"))]

@@ -365,11 +365,13 @@ class Tracker(Worker):
         """The executed intent took the slot: every other in-flight intent of that nonce is dead. Rivals
         this host knows are in memory; a slot that saw replacements (slot_seq > 0) is also swept in the
         database, for rivals another host committed since the last resync."""
-        rivals = [
-            row
-            for row in self._tracked.values()
-            if row.sender == winner.sender and int(row.nonce) == int(winner.nonce) and row.pk != winner.pk
-        ]
+        if batch.slots is None:  # built once a tick: a scan of every tracked row per execution was quadratic
+            batch.slots = {}
+            for row in self._tracked.values():
+                batch.slots[(row.sender, int(row.nonce))] = (
+                    batch.slots.get((row.sender, int(row.nonce)), 0) + 1
+                )
+        rivals = batch.slots.get((winner.sender, int(winner.nonce)), 0) > 1
         if rivals or int(winner.slot_seq) > 0:
             batch.replaced(winner, now)
 
@@ -442,6 +444,7 @@ class _Batch:
         self._dead: list[tuple[ColumnElement[bool], dict[str, Any]]] = []
         self.expected: set[int] = set()  # pks a change targets directly (re-read when it did not apply)
         self.hyper: dict[int, int] = {}  # executed, not final yet: the hyperblock that will finalize each
+        self.slots: dict[tuple[str, int], int] | None = None  # tracked intents per (sender, nonce)
         self._final_at = 0
 
     def executed(self, row: Rec, block_ts_ms: int | None, outcome: str, failure: str | None = None) -> None:

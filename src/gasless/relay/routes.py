@@ -13,7 +13,7 @@ from fastapi import Depends, Header, Path, Request, Response
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
-from gasless.auth.deps import OptionalBearer, RelaySponsorKey
+from gasless.auth.deps import OptionalBearer, RelaySponsorKey, relay_sponsor
 from gasless.auth.native_auth import NativeAuthError
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
@@ -155,6 +155,20 @@ async def relay(
         ),
     ] = None,
 ) -> Response:
+    # Served by `relay_direct` (the app's DirectRoutes) before FastAPI's router: this declaration gives the
+    # OpenAPI document its operation, and answers only if the direct route is not installed.
+    return await _relay(request, sponsor, idempotency_key)
+
+
+async def relay_direct(request: Request) -> Response:
+    """`POST /v1/relay` without FastAPI's routing and dependency solving (about 7% of the API process's
+    time at the maximum, py-spy --gil; docs/performance.md): the same steps as the declared route, in the
+    same order, on the same Request."""
+    sponsor = await relay_sponsor(request, request.headers.get("x-api-key"))
+    return await _relay(request, sponsor, request.headers.get("idempotency-key"))
+
+
+async def _relay(request: Request, sponsor: Any, idempotency_key: str | None) -> Response:
     received_ms = int(time.time() * 1000)
     host = _host(request)
     raw = await read_body(request)
