@@ -27,6 +27,8 @@ from gasless.db import (
 from gasless.errors import ApiError
 
 IN_FLIGHT = ("COSIGNED", "BROADCAST", "EXECUTED")
+IN_FLIGHT_COLUMNS = ("pk", "nonce", "state", "tx_hash", "billing")  # what the checks read of the others
+ACK_CHUNK = 64  # acknowledgements written by one UPDATE at most (one prepared statement for each size)
 MAX_COMMIT_BATCH = 128  # commit points written together at most (one transaction, a few statements)
 UNSETTLED = ("COSIGNED", "BROADCAST")
 
@@ -36,7 +38,7 @@ class SenderView:
     """What the checks need about one sender from our own records, read in one query."""
 
     at_nonce: list[Rec]  # every intent ever stored for (sender, nonce), any state
-    in_flight: list[Rec]  # the sender's intents not yet final and not dead
+    in_flight: list[Rec]  # the sender's intents not yet final and not dead (IN_FLIGHT_COLUMNS only)
     key_row: Rec | None  # the logical idempotency key's intent, when a key was given and is live
 
     @property
@@ -72,9 +74,14 @@ class IntentRepository:
         # busy sender (up to 64 rows in flight) several times cheaper.
         view_columns = [column for column in intents.c if column.name != "tx"]
         self._row_without_tx = view_columns
-        self._sender_rows = select(*view_columns).where(
-            intents.c.sender == bindparam("sender"),
-            or_(intents.c.nonce == bindparam("nonce"), in_constants(intents.c.state, IN_FLIGHT)),
+        self._slot_rows = select(*view_columns).where(
+            intents.c.sender == bindparam("sender"), intents.c.nonce == bindparam("nonce")
+        )
+        # The sender's other intents in flight are counted and compared, never answered: the few columns the
+        # checks read (nonce, state, the free-flow billing class, the hash they name) instead of every one.
+        # A busy sender has dozens in flight; building full rows for them was most of the relay's read.
+        self._in_flight_rows = select(*(intents.c[name] for name in IN_FLIGHT_COLUMNS)).where(
+            intents.c.sender == bindparam("sender"), in_constants(intents.c.state, IN_FLIGHT)
         )
         self._key_row = (
             select(*view_columns)
@@ -91,27 +98,30 @@ class IntentRepository:
             .on_conflict_do_nothing()
             .returning(intents.c.pk, intents.c.tx_hash)
         )
+        self._ack_statements: dict[int, Any] = {}  # record_acks' UPDATE by the number of rows it writes
         self._delete_intents = delete(intents).where(intents.c.pk.in_(bindparam("pks", expanding=True)))
         # Group commit: commit points waiting for the writer, and the writer task itself.
         self._waiting: list[tuple[MutableMapping[str, Any], asyncio.Future[int]]] = []
         self._writer: asyncio.Task[None] | None = None
 
     async def sender_view(self, sender: str, nonce: int, key: str | None, now_ms: int) -> SenderView:
-        def read(conn: Connection) -> tuple[list[Rec], Rec | None]:
-            rows = conn.execute(self._sender_rows, {"sender": sender, "nonce": nonce}).all()
+        def read(conn: Connection) -> SenderView:
+            at_nonce = conn.execute(self._slot_rows, {"sender": sender, "nonce": nonce}).all()
+            in_flight = conn.execute(self._in_flight_rows, {"sender": sender}).all()
             key_row = None
             if key is not None:
                 key_row = conn.execute(
                     self._key_row, {"sender": sender, "key": key, "now_ms": now_ms}
                 ).first()
-            return recs(rows), rec(key_row)
+            return SenderView(
+                at_nonce=recs(at_nonce),
+                in_flight=[
+                    Rec(pk=r[0], nonce=r[1], state=r[2], tx_hash=r[3], billing=r[4]) for r in in_flight
+                ],
+                key_row=rec(key_row),
+            )
 
-        records, key_record = await run_read(self.engine, read)
-        return SenderView(
-            at_nonce=[r for r in records if r.nonce == nonce],
-            in_flight=[r for r in records if r.state in IN_FLIGHT],
-            key_row=key_record,
-        )
+        return await run_read(self.engine, read)
 
     async def commit(self, values: MutableMapping[str, Any], key: str | None, key_ttl_ms: int) -> int:
         """The commit point: the intent (COSIGNED, with the relayer signature), its key and its reservation,
@@ -355,17 +365,63 @@ class IntentRepository:
         rows become BROADCAST; rows already past COSIGNED only count the send. Returns the rows that became
         BROADCAST (without `tx`) and the other pks."""
         pks = list(acks)
-        at = case(acks, value=intents.c.pk)
-        gateway = case(dict(gateways), value=intents.c.pk) if gateways else None
+        gateways = gateways or {}
+        chunks = []
+        for start in range(0, len(pks), ACK_CHUNK):
+            chunk = pks[start : start + ACK_CHUNK]
+            params: dict[str, Any] = {}
+            for i, pk in enumerate(chunk):
+                params[f"pk{i}"], params[f"at{i}"], params[f"gw{i}"] = pk, acks[pk], gateways.get(pk)
+            chunks.append((self._ack_statement(len(chunk)), params))
 
         def write(conn: Connection) -> tuple[list[Rec], list[int]]:
-            result = conn.execute(
+            broadcast = [
+                row for statement, params in chunks for row in recs(conn.execute(statement, params).all())
+            ]
+            done = {int(row.pk) for row in broadcast}
+            others = [pk for pk in pks if pk not in done]
+            if others:
+                conn.execute(
+                    update(intents)
+                    .where(intents.c.pk.in_(others))
+                    .values(
+                        last_sent_at_ms=case({pk: acks[pk] for pk in others}, value=intents.c.pk),
+                        send_attempts=intents.c.send_attempts + 1,
+                    )
+                )
+            return broadcast, others
+
+        return await run_write(self.engine, write)
+
+    def _ack_statement(self, size: int) -> Any:
+        """The UPDATE that turns `size` co-signed rows BROADCAST, built once for each size: a statement built per
+        write (a CASE of literal values) was compiled again every time, most of the acknowledgement's cost."""
+        statement = self._ack_statements.get(size)
+        if statement is None:
+            # Typed parameters: PostgreSQL cannot infer a CASE's type from untyped parameters alone.
+            at_type, gw_type = intents.c.broadcast_at_ms.type, intents.c.first_ack_gateway.type
+            at = case(
+                *(
+                    (intents.c.pk == bindparam(f"pk{i}"), bindparam(f"at{i}", type_=at_type))
+                    for i in range(size)
+                )
+            )
+            gateway = case(
+                *(
+                    (intents.c.pk == bindparam(f"pk{i}"), bindparam(f"gw{i}", type_=gw_type))
+                    for i in range(size)
+                )
+            )
+            statement = (
                 update(intents)
-                .where(intents.c.pk.in_(pks), intents.c.state == "COSIGNED")
+                .where(
+                    intents.c.pk.in_([bindparam(f"pk{i}") for i in range(size)]),
+                    intents.c.state == "COSIGNED",
+                )
                 .values(
                     state="BROADCAST",
                     broadcast_at_ms=at,
-                    **({"first_ack_gateway": gateway} if gateway is not None else {}),
+                    first_ack_gateway=gateway,
                     last_sent_at_ms=at,
                     send_attempts=intents.c.send_attempts + 1,
                     seq=intents.c.seq + 1,
@@ -373,18 +429,8 @@ class IntentRepository:
                 )
                 .returning(*self._row_without_tx)
             )
-            broadcast = recs(result.all())
-            done = {int(row.pk) for row in broadcast}
-            others = [pk for pk in pks if pk not in done]
-            if others:
-                conn.execute(
-                    update(intents)
-                    .where(intents.c.pk.in_(others))
-                    .values(last_sent_at_ms=at, send_attempts=intents.c.send_attempts + 1)
-                )
-            return broadcast, others
-
-        return await run_write(self.engine, write)
+            self._ack_statements[size] = statement
+        return statement
 
     async def note_sent(self, pk: int, now_ms: int) -> None:
         async with begin_write(self.engine) as conn:
