@@ -369,10 +369,14 @@ class IntentRepository:
         chunks = []
         for start in range(0, len(pks), ACK_CHUNK):
             chunk = pks[start : start + ACK_CHUNK]
+            # Padded to a power of two by repeating the last row (`pk IN (a, b, b)` writes b once): seven
+            # statements to build and compile instead of 64, each the first time its size came up under load.
+            size = 1 << (len(chunk) - 1).bit_length()
+            chunk += [chunk[-1]] * (size - len(chunk))
             params: dict[str, Any] = {}
             for i, pk in enumerate(chunk):
                 params[f"pk{i}"], params[f"at{i}"], params[f"gw{i}"] = pk, acks[pk], gateways.get(pk)
-            chunks.append((self._ack_statement(len(chunk)), params))
+            chunks.append((self._ack_statement(size), params))
 
         def write(conn: Connection) -> tuple[list[Rec], list[int]]:
             broadcast = [
