@@ -161,6 +161,18 @@ class BlockRecord:
         """(hash, nonce, timestamp_ms) of the highest recorded block."""
         return self._latest
 
+    def settled(self, behind: int) -> tuple[str, int, int] | None:
+        """(hash, nonce, timestamp_ms) of the newest recorded block at least `behind` nonces below the
+        highest; the highest itself while fewer blocks are recorded."""
+        if self._latest is None:
+            return None
+        target = self._latest[1] - behind
+        for block_hash in reversed(self._order):  # newest first: about `behind` + 1 steps
+            nonce, timestamp_ms = self._by_hash[block_hash]
+            if nonce <= target:
+                return block_hash, nonce, timestamp_ms
+        return self._latest
+
     def latest_timestamp_ms(self) -> int | None:
         return self._latest[2] if self._latest else None
 

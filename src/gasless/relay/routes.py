@@ -77,6 +77,7 @@ async def limit_quote(request: Request) -> None:
 QUOTE = Depends(limit_quote)
 
 NATIVE_AUTH_MAX_TTL_MS = 86_400_000
+NATIVE_AUTH_BLOCK_LAG = 3  # nonces below the newest recorded block: what every host has polled by then
 STALLED_ROUNDS = 10  # a shard whose newest block is older than this many rounds is stalled
 
 router = api_router(tags=["relay"])
@@ -368,7 +369,9 @@ async def network(request: Request) -> Response:
             details={"retryAfterMs": 1_000},
         )
     params = view.params
-    latest = view.blocks.latest()
+    # Not the newest block: each host records blocks from its own poll (every half round), so a token
+    # made on the newest block one host knows can reach another host before that one has polled it.
+    latest = view.blocks.settled(NATIVE_AUTH_BLOCK_LAG)
     settings = host.settings
     document = {
         "chainId": params.chain_id,
