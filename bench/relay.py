@@ -5,8 +5,8 @@ processes, grants a plan to M fresh senders, assigns once per sender and pre-sig
 client's work is not measured), then:
 
 1. max: posts all of them at a high concurrency and reports relays/s;
-2. paced: posts a second set open-loop at 50% of the measured maximum (`--paced-share`) and reports the latency figures
-   the service stamps on each intent (acceptToCosignMs, addedMs) at p50/p95/p99.
+2. paced: posts a second set open-loop at 50% of the measured maximum (`--paced-share`) and reports the
+   latency figures the service stamps on each intent (acceptToCosignMs, addedMs) at p50/p95/p99.
 
 For both it also reports the CPU time the API process(es) used per relay (from /proc).
 
@@ -418,7 +418,8 @@ def summarize(label: str, elapsed: float, results: list[dict[str, Any]]) -> dict
 async def run(
     args: argparse.Namespace, data_dir: Path, *, unbilled: bool = False, rollups: bool = True
 ) -> dict[str, Any]:
-    """One full run (max, then paced at a share of it, 50% by default); `unbilled` serves the API with billing off (bench_unbilled)."""
+    """One full run (max, then paced at `--paced-share` of it); `unbilled` serves the API with billing off
+    (bench_unbilled)."""
     gw_port = free_port()
     api_ports = [free_port() for _ in range(args.hosts)]
     gateway = f"http://127.0.0.1:{gw_port}"

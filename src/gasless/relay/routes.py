@@ -371,7 +371,7 @@ async def network(request: Request) -> Response:
     params = view.params
     # Not the newest block: each host records blocks from its own poll (every half round), so a token
     # made on the newest block one host knows can reach another host before that one has polled it.
-    latest = view.blocks.settled(NATIVE_AUTH_BLOCK_LAG)
+    auth_block = view.blocks.settled(NATIVE_AUTH_BLOCK_LAG)
     settings = host.settings
     document = {
         "chainId": params.chain_id,
@@ -386,9 +386,9 @@ async def network(request: Request) -> Response:
         "maxGasPerTx": params.max_gas_per_tx,
         "nativeAuth": {
             "shard": 1,
-            "blockHash": latest[0] if latest else None,
-            "blockNonce": latest[1] if latest else None,
-            "blockTimestampMs": latest[2] if latest else None,
+            "blockHash": auth_block[0] if auth_block else None,
+            "blockNonce": auth_block[1] if auth_block else None,
+            "blockTimestampMs": auth_block[2] if auth_block else None,
             "origins": settings.effective_native_auth_origins,
             "maxTtlMs": NATIVE_AUTH_MAX_TTL_MS,
         },
