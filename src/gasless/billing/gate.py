@@ -67,16 +67,14 @@ class BillingGate:
         tx: Transaction,
         sender: str,
         sponsor: Any | None,
-        in_flight: Sequence[Any],
+        free_in_flight: Sequence[Any],
         *,
         account: str | None = None,
     ) -> EntitlementDecision:
         """The decision for a free operation after the free-flow limits (maybe a paid one, `free: false`)."""
         if not decision.free:
             return decision
-        busy = [
-            r for r in in_flight if isinstance(r.billing, dict) and r.billing.get("billingClass") == "free"
-        ]
+        busy = free_in_flight  # the sender's free-flow intents in flight (nonce, tx_hash)
         if busy and not any(int(r.nonce) == tx.nonce for r in busy):
             raise ApiError(
                 "FREE_FLOW_BUSY",

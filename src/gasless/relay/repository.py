@@ -27,7 +27,6 @@ from gasless.db import (
 from gasless.errors import ApiError
 
 IN_FLIGHT = ("COSIGNED", "BROADCAST", "EXECUTED")
-IN_FLIGHT_COLUMNS = ("pk", "nonce", "state", "tx_hash", "billing")  # what the checks read of the others
 ACK_CHUNK = 64  # acknowledgements written by one UPDATE at most (one prepared statement for each size)
 MAX_COMMIT_BATCH = 128  # commit points written together at most (one transaction, a few statements)
 UNSETTLED = ("COSIGNED", "BROADCAST")
@@ -38,12 +37,10 @@ class SenderView:
     """What the checks need about one sender from our own records, read in one query."""
 
     at_nonce: list[Rec]  # every intent ever stored for (sender, nonce), any state
-    in_flight: list[Rec]  # the sender's intents not yet final and not dead (IN_FLIGHT_COLUMNS only)
+    in_flight_count: int  # the sender's intents not yet final and not dead
+    highest_in_flight_nonce: int | None
+    free_in_flight: list[Rec]  # those of them billed as free flow (nonce and tx_hash only)
     key_row: Rec | None  # the logical idempotency key's intent, when a key was given and is live
-
-    @property
-    def highest_in_flight_nonce(self) -> int | None:
-        return max((row.nonce for row in self.in_flight), default=None)
 
 
 class Rec(SimpleNamespace):
@@ -77,11 +74,20 @@ class IntentRepository:
         self._slot_rows = select(*view_columns).where(
             intents.c.sender == bindparam("sender"), intents.c.nonce == bindparam("nonce")
         )
-        # The sender's other intents in flight are counted and compared, never answered: the few columns the
-        # checks read (nonce, state, the free-flow billing class, the hash they name) instead of every one.
-        # A busy sender has dozens in flight; building full rows for them was most of the relay's read.
-        self._in_flight_rows = select(*(intents.c[name] for name in IN_FLIGHT_COLUMNS)).where(
-            intents.c.sender == bindparam("sender"), in_constants(intents.c.state, IN_FLIGHT)
+        # The sender's other intents in flight are counted and compared, never answered: SQL counts them and
+        # names the highest nonce, and lists only the free-flow ones (the free-flow gate names one). A busy
+        # sender has dozens in flight; fetching them as rows (and decoding each one's billing JSON) was most
+        # of the relay's read.
+        in_flight_of_sender = (
+            intents.c.sender == bindparam("sender"),
+            in_constants(intents.c.state, IN_FLIGHT),
+        )
+        free_flow = intents.c.billing["billingClass"].as_string() == "free"
+        self._in_flight_summary = select(
+            func.count(), func.max(intents.c.nonce), func.count(case((free_flow, 1)))
+        ).where(*in_flight_of_sender)
+        self._free_in_flight = select(intents.c.nonce, intents.c.tx_hash).where(
+            *in_flight_of_sender, free_flow
         )
         self._key_row = (
             select(*view_columns)
@@ -107,7 +113,8 @@ class IntentRepository:
     async def sender_view(self, sender: str, nonce: int, key: str | None, now_ms: int) -> SenderView:
         def read(conn: Connection) -> SenderView:
             at_nonce = conn.execute(self._slot_rows, {"sender": sender, "nonce": nonce}).all()
-            in_flight = conn.execute(self._in_flight_rows, {"sender": sender}).all()
+            count, highest, free_count = conn.execute(self._in_flight_summary, {"sender": sender}).one()
+            free = conn.execute(self._free_in_flight, {"sender": sender}).all() if free_count else []
             key_row = None
             if key is not None:
                 key_row = conn.execute(
@@ -115,9 +122,9 @@ class IntentRepository:
                 ).first()
             return SenderView(
                 at_nonce=recs(at_nonce),
-                in_flight=[
-                    Rec(pk=r[0], nonce=r[1], state=r[2], tx_hash=r[3], billing=r[4]) for r in in_flight
-                ],
+                in_flight_count=int(count),
+                highest_in_flight_nonce=None if highest is None else int(highest),
+                free_in_flight=[Rec(nonce=int(r[0]), tx_hash=r[1]) for r in free],
                 key_row=rec(key_row),
             )
 

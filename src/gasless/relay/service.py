@@ -215,7 +215,7 @@ class RelayService:
             decision = await self._entitle(tx, parsed.sender, sponsor, parsed.account)
             if self.billing is not None:
                 decision = await self.billing.free_flow(
-                    decision, tx, parsed.sender, sponsor, view.in_flight, account=parsed.account
+                    decision, tx, parsed.sender, sponsor, view.free_in_flight, account=parsed.account
                 )
             await simulate_or_refuse(
                 self.gateway, parsed, params, "always" if mode.simulate_always else self.config.simulate

@@ -118,7 +118,7 @@ def state_checks(
         return None
 
     def in_flight() -> ApiError | None:
-        if not replacing and len(view.in_flight) >= MAX_IN_FLIGHT:
+        if not replacing and view.in_flight_count >= MAX_IN_FLIGHT:
             return ApiError(
                 "TOO_MANY_IN_FLIGHT",
                 detail=f"the sender has {MAX_IN_FLIGHT} unsettled intents",
