@@ -46,7 +46,7 @@ from multiversx_sdk import Transaction, TransactionComputer, UserPEM, UserSecret
 from rich.table import Table
 
 from gasless.chain.abi import load_billing_abi
-from gasless.chain.addresses import address_of, parse_address
+from gasless.chain.addresses import address_of, parse_address, shard_of
 from gasless.chain.calls import contract_call
 from gasless.chain.codec import signing_bytes, tx_hash, verify_ed25519
 from gasless.cli.output import CliConsole
@@ -126,6 +126,15 @@ async def grant_plans(
                 await asyncio.sleep(0.1)
 
 
+def same_shard_receiver(sender: Any) -> Any:
+    """A fresh receiver in the sender's shard: issue 17's target 3 (inclusion in the next block) is about
+    same-shard transfers; a cross-shard one completes a round later by the protocol's design."""
+    while True:
+        receiver = address_of(UserSecretKey.generate().generate_public_key().buffer)
+        if shard_of(receiver) == shard_of(sender):
+            return receiver
+
+
 async def prepare(
     session: aiohttp.ClientSession,
     apis: list[str],
@@ -155,7 +164,7 @@ async def prepare(
             if resp.status != 200:
                 raise RuntimeError(f"assign failed: {assignment}")
             break
-        receiver = address_of(UserSecretKey.generate().generate_public_key().buffer)
+        receiver = same_shard_receiver(sender)
         for n in range(start_nonce, start_nonce + per_sender):
             tx = Transaction(
                 sender=sender,
@@ -415,6 +424,66 @@ def summarize(label: str, elapsed: float, results: list[dict[str, Any]]) -> dict
     }
 
 
+async def inclusion_rounds(
+    database_url: str, round_ms: int, results: list[dict[str, Any]], timeout: float = 120
+) -> dict[str, Any]:
+    """Issue 17's target 3: roundsToInclusion of every relay of a phase, once each one is executed.
+
+    Read from the service's database with the service's own formula (`gasless.relay.intents.latency`, what
+    `GET /v1/intents/{sender}/{nonce}` renders): that route is limited to 20 reads/s per IP, a minute and
+    a half for one phase."""
+    from sqlalchemy import select
+
+    from gasless.db import create_engine, intents
+    from gasless.relay.intents import TERMINAL, latency
+
+    wanted = {(r["intent"]["sender"], r["intent"]["nonce"]) for r in results if r["status"] in (200, 202)}
+    senders = sorted({sender for sender, _ in wanted})
+    engine = create_engine(database_url)
+    rows: dict[tuple[str, int], Any] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            async with engine.connect() as conn:
+                found = await conn.execute(select(intents).where(intents.c.sender.in_(senders)))
+                rows = {
+                    (row.sender, int(row.nonce)): row
+                    for row in found
+                    if (row.sender, int(row.nonce)) in wanted
+                }
+            if all(row.executed_block_ts_ms is not None or row.state in TERMINAL for row in rows.values()):
+                break
+            await asyncio.sleep(0.5)  # the next block; bounded by the deadline
+    finally:
+        await engine.dispose()
+    figures = [
+        latency(
+            received=row.received_at_ms,
+            cosigned=row.cosigned_at_ms,
+            broadcast=row.broadcast_at_ms,
+            executed=row.executed_block_ts_ms,
+            finalized=row.finalized_at_ms,
+            round_ms=round_ms,
+        )
+        for row in rows.values()
+    ]
+    rounds = [f.roundsToInclusion for f in figures if f.roundsToInclusion is not None]
+    inclusion = [f.inclusionMs for f in figures if f.inclusionMs is not None]
+    histogram: dict[str, int] = {}
+    for value in rounds:
+        histogram[str(value)] = histogram.get(str(value), 0) + 1
+    return {
+        "included": len(rounds),
+        "not_included": len(wanted) - len(rounds),
+        "rounds_p50": percentile(rounds, 50),
+        "rounds_p99": percentile(rounds, 99),
+        "rounds_max": max(rounds, default=float("nan")),
+        "rounds_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+        "inclusion_p50": percentile(inclusion, 50),
+        "inclusion_p99": percentile(inclusion, 99),
+    }
+
+
 async def run(
     args: argparse.Namespace, data_dir: Path, *, unbilled: bool = False, rollups: bool = True
 ) -> dict[str, Any]:
@@ -491,6 +560,13 @@ async def run(
                 await grant_plans(session, gateway, info, senders)
             with console.status("assigning and pre-signing"):
                 first = await prepare(session, apis, senders, args.per_sender, 0)
+            # What the service costs with no traffic (its polls and background jobs), per second.
+            with console.status(f"idle for {args.idle_s:g} s"):
+                cpu_before = cpu_seconds(api_procs)
+                await asyncio.sleep(args.idle_s)  # the measured window itself
+                idle_cpu_ms_per_s = (
+                    1000 * (cpu_seconds(api_procs) - cpu_before) / args.idle_s / len(api_procs)
+                )
             # The floor once now (the service idle) and once at the end: this VM's speed drifts by up to
             # 2x within minutes, so the ratio uses the mean of the two measurements around the runs.
             relayer = UserPEM.from_file(Path(relayer_pems[0])).secret_key
@@ -515,6 +591,12 @@ async def run(
                 )
             paced = summarize(f"paced at {args.paced_share:.0%} of max", elapsed, results)
             add_costs(paced, cpu_used, instructions)
+            with console.status("reading the paced relays' roundsToInclusion back"):
+                paced["inclusion"] = await inclusion_rounds(
+                    database_url or f"sqlite+aiosqlite:///{(data_dir / 'gasless.db').as_posix()}",
+                    args.round_ms,
+                    results,
+                )
     finally:
         stop_processes([*api_procs, localnet])
     floor_after = floor(args.floor_count, relayer)
@@ -583,7 +665,18 @@ async def run(
         f"at {args.paced_share:.0%} load: acceptToCosign p99 = {paced['accept_p99']:.1f} ms, addedMs p99 = "
         f"{paced['added_p99']:.1f} ms (targets at 50%: <= 10 / <= 25 ms; at 80%: <= 50 ms)"
     )
+    included = paced["inclusion"]
+    console.print(
+        f"at {args.paced_share:.0%} load (same-shard transfers, {args.round_ms} ms rounds): roundsToInclusion "
+        f"p50 {included['rounds_p50']}, p99 {included['rounds_p99']}, max {included['rounds_max']} (target p99 = 1); "
+        f"relays by rounds {included['rounds_histogram']}; inclusionMs p50/p99 {included['inclusion_p50']} / "
+        f"{included['inclusion_p99']}; never included {included['not_included']}"
+    )
+    console.print(
+        f"idle API process: {idle_cpu_ms_per_s:.0f} ms of CPU per s (its polls and background jobs)"
+    )
     result = {
+        "idle_cpu_ms_per_s": idle_cpu_ms_per_s,
         "mode": mode,
         "hosts": args.hosts,
         "storage": storage,
@@ -624,6 +717,12 @@ def main() -> int:
     )
     parser.add_argument("--redis-url", default="", help="Redis for two hosts (redis://...)")
     parser.add_argument("--floor-count", type=int, default=3000)
+    parser.add_argument(
+        "--idle-s",
+        type=float,
+        default=5.0,
+        help="seconds the idle API's CPU is measured for, before the runs",
+    )
     parser.add_argument("--profile-api", default="", help="write a cProfile of the API process to this file")
     parser.add_argument("--profile-localnet", default="", help="write a cProfile of the localnet process")
     parser.add_argument(
