@@ -427,7 +427,8 @@ def summarize(label: str, elapsed: float, results: list[dict[str, Any]]) -> dict
 async def inclusion_rounds(
     database_url: str, round_ms: int, results: list[dict[str, Any]], timeout: float = 120
 ) -> dict[str, Any]:
-    """Issue 17's target 3: roundsToInclusion of every relay of a phase, once each one is executed.
+    """Issue 17's target 3: roundsToInclusion of every relay of a phase (and finalityMs), once each one is
+    final.
 
     Read from the service's database with the service's own formula (`gasless.relay.intents.latency`, what
     `GET /v1/intents/{sender}/{nonce}` renders): that route is limited to 20 reads/s per IP, a minute and
@@ -451,7 +452,7 @@ async def inclusion_rounds(
                     for row in found
                     if (row.sender, int(row.nonce)) in wanted
                 }
-            if all(row.executed_block_ts_ms is not None or row.state in TERMINAL for row in rows.values()):
+            if all(row.state in TERMINAL for row in rows.values()):
                 break
             await asyncio.sleep(0.5)  # the next block; bounded by the deadline
     finally:
@@ -469,6 +470,7 @@ async def inclusion_rounds(
     ]
     rounds = [f.roundsToInclusion for f in figures if f.roundsToInclusion is not None]
     inclusion = [f.inclusionMs for f in figures if f.inclusionMs is not None]
+    finality = [f.finalityMs for f in figures if f.finalityMs is not None]
     histogram: dict[str, int] = {}
     for value in rounds:
         histogram[str(value)] = histogram.get(str(value), 0) + 1
@@ -481,6 +483,9 @@ async def inclusion_rounds(
         "rounds_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
         "inclusion_p50": percentile(inclusion, 50),
         "inclusion_p99": percentile(inclusion, 99),
+        # finalizedAtMs is when this host saw finality: it includes the tracker's detection delay.
+        "finality_p50": percentile(finality, 50),
+        "finality_p99": percentile(finality, 99),
     }
 
 
@@ -670,7 +675,8 @@ async def run(
         f"at {args.paced_share:.0%} load (same-shard transfers, {args.round_ms} ms rounds): roundsToInclusion "
         f"p50 {included['rounds_p50']}, p99 {included['rounds_p99']}, max {included['rounds_max']} (target p99 = 1); "
         f"relays by rounds {included['rounds_histogram']}; inclusionMs p50/p99 {included['inclusion_p50']} / "
-        f"{included['inclusion_p99']}; never included {included['not_included']}"
+        f"{included['inclusion_p99']}; finalityMs p50/p99 {included['finality_p50']} / {included['finality_p99']}; never "
+        f"included {included['not_included']}"
     )
     console.print(
         f"idle API process: {idle_cpu_ms_per_s:.0f} ms of CPU per s (its polls and background jobs)"

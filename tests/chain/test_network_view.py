@@ -221,3 +221,36 @@ async def test_poll_failures_are_logged_and_retried(localnet, session) -> None: 
         assert network._interval_s() == pytest.approx(0.05)
     finally:
         await network.stop()
+
+
+async def test_polls_follow_the_round_clock(run_localnet, tmp_path, session) -> None:  # type: ignore[no-untyped-def]
+    # Twice a round, 25 ms after a round starts and half a round later, the phase read from the newest
+    # metachain block's timestamp (the start of its round).
+    net = run_localnet(tmp_path / "localnet", round_ms=1_000)
+    clock = {"now": time.time()}
+    network = NetworkView(GatewayClient(session, [net.url]), clock=lambda: clock["now"])
+    await network.start()
+    try:
+        meta = network.status(METACHAIN)
+        assert meta is not None and meta.block_ts_ms > 0
+        block = meta.block_ts_ms
+        for since_block_ms, wait_ms in [
+            (25, 500),  # at an aligned moment: the next one, half a round later
+            (125, 400),
+            (524, 1),  # a poll that ended late still makes the aligned one
+            (540, 485),
+            (990, 35),
+            (2_600, 425),  # rounds later (a block not seen yet): still in phase
+            (-1_000, 25),  # our clock behind the chain's: the phase is still the chain's
+        ]:
+            clock["now"] = (block + since_block_ms) / 1000
+            assert network.next_poll_delay_ms(polled_in_ms=3) == wait_ms, since_block_ms
+        # A fixed cadence (poll_ms) keeps a steady interval: the poll's own duration counts against it.
+        fixed = NetworkView(GatewayClient(session, [net.url]), poll_ms=200)
+        await fixed.start()
+        try:
+            assert fixed.next_poll_delay_ms(polled_in_ms=30) == 170
+        finally:
+            await fixed.stop()
+    finally:
+        await network.stop()

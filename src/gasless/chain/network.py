@@ -23,6 +23,9 @@ from gasless.chain.gas import GasRules
 from gasless.chain.gateway import GatewayClient, GatewayUnavailable
 
 MIN_POLL_MS = 50
+# How long after a round starts the aligned poll reads the statuses: the block of that round is proposed at
+# its start, and a node serves it a few milliseconds later.
+ROUND_POLL_LAG_MS = 25
 MAX_BLOCKS_PER_POLL = 64  # catch-up bound: after a long outage, skip to the recent blocks
 STALL_ROUNDS = 3  # a shard whose newest block is this many rounds behind the freshest shard is stalled
 
@@ -288,13 +291,29 @@ class NetworkView:
         status = await self.gateway.network_status(shard)
         return ShardStatus.from_status(shard, status, self._now_ms())
 
+    def next_poll_delay_ms(self, polled_in_ms: int) -> int:
+        """How long to wait before the next poll, the last one having taken `polled_in_ms`.
+
+        Twice a round, in phase with the chain's round clock: just after a round starts (when its block
+        appears) and half a round later. A new block is then seen within milliseconds instead of anywhere
+        up to half a round, and the tracker's write of what that block settled (it follows this poll) falls
+        at the start of a round, not at its end, where it would hold up relays racing for the next block.
+        The phase comes from the newest metachain block's timestamp (blocks are stamped with the start of
+        their round). Without it, or with a fixed `poll_ms`, a steady cadence."""
+        interval_ms = int(self._interval_s() * 1000)
+        meta = self._statuses.get(METACHAIN)
+        if self.poll_ms is not None or self._params is None or meta is None or meta.block_ts_ms <= 0:
+            return max(0, interval_ms - polled_in_ms)
+        half_ms = max(MIN_POLL_MS, self._params.round_duration_ms // 2)
+        since = self._now_ms() - (meta.block_ts_ms + ROUND_POLL_LAG_MS)
+        return half_ms - since % half_ms  # to the next aligned moment, in (0, half a round]
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             started = loop.time()
             await self.poll_once()
-            # A steady cadence: the poll's own duration counts against the interval.
-            await asyncio.sleep(max(0.0, self._interval_s() - (loop.time() - started)))
+            await asyncio.sleep(self.next_poll_delay_ms(int(1000 * (loop.time() - started))) / 1000)
 
     async def poll_once(self) -> None:
         """One poll: statuses, params on a new epoch, new blocks, then the callbacks. Never raises."""

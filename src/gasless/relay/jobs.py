@@ -174,6 +174,9 @@ class Tracker(Worker):
         self._limit = asyncio.Semaphore(32)
         self._hyper_cursor: int | None = None  # the next hyperblock to read
         self._following = False  # the last hyperblock read succeeded
+        self._meta_nonce: int | None = None  # the newest metachain block the network view has shown
+        self._new_block = asyncio.Event()
+        network.on_poll(self._on_network_poll)
 
     def _refresh(self, row: Rec) -> None:
         old = self._tracked.get(int(row.pk))
@@ -206,10 +209,21 @@ class Tracker(Worker):
             log.info("orphan recovery re-broadcast co-signed intents", count=len(rows))
         return len(rows)
 
+    def _on_network_poll(self) -> None:
+        meta = self.network.status(METACHAIN)
+        if meta is not None and meta.nonce != self._meta_nonce:
+            self._meta_nonce = meta.nonce
+            self._new_block.set()
+
     async def _loop(self) -> None:
+        # A tick as soon as the network view sees a new metachain block (its polls follow the round clock),
+        # so executions are read and written at the start of a round; otherwise every half round, for the
+        # per-intent looks and re-broadcasts.
         while True:
             interval = max(0.05, self.network.params.round_duration_ms / 2000)
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._new_block.wait(), interval)
+            self._new_block.clear()
             try:
                 await self.tick()
             except Exception as exc:  # one bad tick must not stop tracking
