@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import shutil
 import signal
@@ -186,6 +187,7 @@ async def post_all(
     bodies: list[tuple[str, dict[str, Any]]],
     concurrency: int,
     rate: float | None,
+    path: str = "/v1/relay",
 ) -> tuple[float, list[dict[str, Any]]]:
     """One stream per sender (a wallet sends its nonces in order); `concurrency` senders at a time.
 
@@ -193,7 +195,7 @@ async def post_all(
     """
     streams: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
     for index, (api, body) in enumerate(bodies):
-        streams.setdefault(body["tx"]["sender"], []).append((index, api, body))
+        streams.setdefault(body.get("tx", body)["sender"], []).append((index, api, body))
     queue: asyncio.Queue[list[tuple[int, str, dict[str, Any]]]] = asyncio.Queue()
     for stream in streams.values():
         queue.put_nowait(stream)
@@ -211,9 +213,10 @@ async def post_all(
                     delay = start + index / rate - time.monotonic()
                     if delay > 0:
                         await asyncio.sleep(delay)
-                async with session.post(f"{api}/v1/relay", json=body) as resp:
+                sent_at_ms = int(time.time() * 1000)
+                async with session.post(f"{api}{path}", json=body) as resp:
                     answer = await resp.json()
-                    results.append({"status": resp.status, **answer})
+                    results.append({"status": resp.status, "sentAtMs": sent_at_ms, **answer})
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return time.monotonic() - start, results
@@ -489,6 +492,49 @@ async def inclusion_rounds(
     }
 
 
+async def chain_floor_rounds(
+    session: aiohttp.ClientSession,
+    gateway: str,
+    bodies: list[tuple[str, dict[str, Any]]],
+    relayers: dict[str, UserSecretKey],
+    concurrency: int,
+    rate: float,
+    round_ms: int,
+    timeout: float = 120,
+) -> dict[str, Any]:
+    """The chain's own floor for target 3, in the same run: the same kind of transactions (same senders,
+    relayers and shards, the next nonces), co-signed here and sent straight to the gateway at the paced
+    rate, rounds counted from the moment each send started to its block's timestamp."""
+    direct = []
+    for _, body in bodies:
+        tx = Transaction.new_from_dictionary(body["tx"])
+        tx.relayer_signature = relayers[tx.relayer.to_bech32()].sign(computer.compute_bytes_for_signing(tx))
+        direct.append((gateway, tx.to_dictionary()))
+    _, sent = await post_all(session, direct, concurrency, rate, path="/transaction/send")
+    pending = {r["data"]["txHash"]: r["sentAtMs"] for r in sent if r["status"] == 200}
+    rounds: list[int] = []
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for sent_hash, sent_at_ms in list(pending.items()):
+            async with session.get(f"{gateway}/transaction/{sent_hash}") as resp:
+                chain_tx = (await resp.json())["data"]["transaction"]
+            if chain_tx["status"] in ("success", "fail", "invalid"):
+                if chain_tx["timestampMs"]:
+                    rounds.append(max(0, math.ceil((chain_tx["timestampMs"] - sent_at_ms) / round_ms)))
+                del pending[sent_hash]
+        if pending:
+            await asyncio.sleep(0.5)  # the next block; bounded by the deadline
+    histogram: dict[str, int] = {}
+    for value in rounds:
+        histogram[str(value)] = histogram.get(str(value), 0) + 1
+    return {
+        "sent": len(sent),
+        "included": len(rounds),
+        "rounds_p99": percentile(rounds, 99),
+        "rounds_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+    }
+
+
 async def run(
     args: argparse.Namespace, data_dir: Path, *, unbilled: bool = False, rollups: bool = True
 ) -> dict[str, Any]:
@@ -602,6 +648,15 @@ async def run(
                     args.round_ms,
                     results,
                 )
+            with console.status("the chain's own floor: the same transactions straight to the gateway"):
+                third = await prepare(session, apis, senders, args.per_sender, 2 * args.per_sender)
+                relayers = {
+                    address_of(key.generate_public_key().buffer).to_bech32(): key
+                    for key in (UserPEM.from_file(Path(pem)).secret_key for pem in relayer_pems)
+                }
+                paced["chain_floor"] = await chain_floor_rounds(
+                    session, gateway, third, relayers, args.concurrency, rate, args.round_ms
+                )
     finally:
         stop_processes([*api_procs, localnet])
     floor_after = floor(args.floor_count, relayer)
@@ -670,13 +725,17 @@ async def run(
         f"at {args.paced_share:.0%} load: acceptToCosign p99 = {paced['accept_p99']:.1f} ms, addedMs p99 = "
         f"{paced['added_p99']:.1f} ms (targets at 50%: <= 10 / <= 25 ms; at 80%: <= 50 ms)"
     )
-    included = paced["inclusion"]
+    included, chain_floor = paced["inclusion"], paced["chain_floor"]
     console.print(
         f"at {args.paced_share:.0%} load (same-shard transfers, {args.round_ms} ms rounds): roundsToInclusion "
         f"p50 {included['rounds_p50']}, p99 {included['rounds_p99']}, max {included['rounds_max']} (target p99 = 1); "
         f"relays by rounds {included['rounds_histogram']}; inclusionMs p50/p99 {included['inclusion_p50']} / "
         f"{included['inclusion_p99']}; finalityMs p50/p99 {included['finality_p50']} / {included['finality_p99']}; never "
         f"included {included['not_included']}"
+    )
+    console.print(
+        f"the chain's own floor (the same transactions co-signed here and sent straight to the gateway at the "
+        f"same rate): roundsToInclusion p99 {chain_floor['rounds_p99']}; by rounds {chain_floor['rounds_histogram']}"
     )
     console.print(
         f"idle API process: {idle_cpu_ms_per_s:.0f} ms of CPU per s (its polls and background jobs)"
