@@ -16,11 +16,12 @@ row; FINALIZED -> the row's `finalized_at_ms`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, func, select, tuple_, update
+from sqlalchemy import Connection, and_, bindparam, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gasless.billing.policy import CONTRACT_FAILURES
@@ -88,12 +89,13 @@ def reserve_many(
             _insert(conn, account_period_usage).on_conflict_do_nothing(),
             [{"account": a, "period_id": p, "ru_used": 0, "updated_at_ms": now} for a, p in keys],
         )
-        query = select(
-            account_period_usage.c.account, account_period_usage.c.period_id, account_period_usage.c.ru_used
-        ).where(tuple_(account_period_usage.c.account, account_period_usage.c.period_id).in_(keys))
-        if conn.dialect.name == "postgresql":
-            query = query.with_for_update()
-        used = {(r.account, int(r.period_id)): int(r.ru_used) for r in (conn.execute(query)).all()}
+        size = 1 << (len(keys) - 1).bit_length()
+        padded = [*keys, *[keys[-1]] * (size - len(keys))]  # repeating a key reads its row once
+        params = {
+            name: value for i, (a, p) in enumerate(padded) for name, value in ((f"a{i}", a), (f"p{i}", p))
+        }
+        rows = conn.execute(_usage_rows(conn.dialect.name, size), params).all()
+        used = {(r.account, int(r.period_id)): int(r.ru_used) for r in rows}
         before = dict(used)
         for claim in plan:
             key = (str(claim.billing["account"]), int(claim.period_id or 0))
@@ -171,6 +173,23 @@ def reserve_many(
             ],
         )
     return {c.pk: c.refusal for c in claims if c.refusal is not None}
+
+
+@functools.cache
+def _usage_rows(dialect: str, size: int) -> Any:
+    """The plan usage rows of `size` (account, period) pairs, locked on PostgreSQL; built once per size (a
+    power of two). A `tuple_(...).in_(keys)` is an expanding parameter that SQLAlchemy renders again on every
+    execution: on the commit point that rendering cost more than the query (py-spy, docs/performance.md)."""
+    usage = account_period_usage.c
+    query = select(usage.account, usage.period_id, usage.ru_used).where(
+        or_(
+            *(
+                and_(usage.account == bindparam(f"a{i}"), usage.period_id == bindparam(f"p{i}"))
+                for i in range(size)
+            )
+        )
+    )
+    return query.with_for_update() if dialect == "postgresql" else query
 
 
 _SET_PERIOD_USAGE = (
