@@ -86,7 +86,7 @@ def reserve_many(
     if plan:
         keys = sorted({(str(c.billing["account"]), int(c.period_id or 0)) for c in plan})
         conn.execute(
-            _insert(conn, account_period_usage).on_conflict_do_nothing(),
+            _new_usage_rows(conn.dialect.name),
             [{"account": a, "period_id": p, "ru_used": 0, "updated_at_ms": now} for a, p in keys],
         )
         size = 1 << (len(keys) - 1).bit_length()
@@ -154,7 +154,7 @@ def reserve_many(
             conn.execute(update(intents).where(intents.c.pk == claim.pk).values(billing=billing))
     if held:
         conn.execute(
-            reservations.insert(),
+            _INSERT_RESERVATIONS,
             [
                 {
                     "intent_pk": c.pk,
@@ -173,6 +173,21 @@ def reserve_many(
             ],
         )
     return {c.pk: c.refusal for c in claims if c.refusal is not None}
+
+
+# The commit point's statements are built once: building one per commit (and its cache key, to find the
+# compiled form) cost more than running it on SQLite.
+@functools.cache
+def _new_usage_rows(dialect: str) -> Any:
+    """Creates the plan usage rows of (account, period) pairs that have none yet."""
+    return (
+        (postgresql if dialect == "postgresql" else sqlite)
+        .insert(account_period_usage)
+        .on_conflict_do_nothing()
+    )
+
+
+_INSERT_RESERVATIONS = reservations.insert()
 
 
 @functools.cache
