@@ -84,13 +84,13 @@ def test_slow_send_answers_202_and_still_finalizes(env: Any) -> None:
     sender = env.new_sender(1)
     env.faults(gateway={"latencyMs": {"/transaction/send": 1_500}})
     try:
-        started = time.monotonic()
         response = relay_once(env, sender)
-        elapsed = time.monotonic() - started
     finally:
         env.faults(gateway={"latencyMs": {"/transaction/send": 0}})
+    # The answer came at the 800 ms wait, not after the slow gateway: one that waited for the gateway would
+    # hold its acknowledgement and answer 200 BROADCAST. (A wall-clock bound on the request said the same
+    # and failed once on a loaded machine: 3.3 s.)
     assert response.status_code == 202 and response.json()["state"] == "COSIGNED"
-    assert elapsed < 1.4  # the answer came at the 800 ms wait, not after the slow gateway
     final = assert_accepted_then_final(env, response)
     assert final["broadcastAtMs"] - final["receivedAtMs"] >= 800
 
