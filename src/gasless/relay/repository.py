@@ -83,8 +83,16 @@ class IntentRepository:
             in_constants(intents.c.state, IN_FLIGHT),
         )
         free_flow = intents.c.billing["billingClass"].as_string() == "free"
+        # It also counts the rows at the relayed nonce, any state: usually none (a new nonce), and then the
+        # read of those rows is skipped.
+        at_nonce = (
+            select(func.count())
+            .select_from(intents)
+            .where(intents.c.sender == bindparam("sender"), intents.c.nonce == bindparam("nonce"))
+            .scalar_subquery()
+        )
         self._in_flight_summary = select(
-            func.count(), func.max(intents.c.nonce), func.count(case((free_flow, 1)))
+            func.count(), func.max(intents.c.nonce), func.count(case((free_flow, 1))), at_nonce
         ).where(*in_flight_of_sender)
         self._free_in_flight = select(intents.c.nonce, intents.c.tx_hash).where(
             *in_flight_of_sender, free_flow
@@ -112,8 +120,14 @@ class IntentRepository:
 
     async def sender_view(self, sender: str, nonce: int, key: str | None, now_ms: int) -> SenderView:
         def read(conn: Connection) -> SenderView:
-            at_nonce = conn.execute(self._slot_rows, {"sender": sender, "nonce": nonce}).all()
-            count, highest, free_count = conn.execute(self._in_flight_summary, {"sender": sender}).one()
+            count, highest, free_count, at_nonce_count = conn.execute(
+                self._in_flight_summary, {"sender": sender, "nonce": nonce}
+            ).one()
+            at_nonce = (
+                conn.execute(self._slot_rows, {"sender": sender, "nonce": nonce}).all()
+                if at_nonce_count
+                else []
+            )
             free = conn.execute(self._free_in_flight, {"sender": sender}).all() if free_count else []
             key_row = None
             if key is not None:
