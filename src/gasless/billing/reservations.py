@@ -25,7 +25,7 @@ from sqlalchemy import Connection, and_, bindparam, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gasless.billing.policy import CONTRACT_FAILURES
-from gasless.db import account_period_usage, intents, reservations, usage_ledger
+from gasless.db import account_period_usage, intents, padded_to_power_of_two, reservations, usage_ledger
 from gasless.errors import ApiError
 
 
@@ -89,12 +89,11 @@ def reserve_many(
             _new_usage_rows(conn.dialect.name),
             [{"account": a, "period_id": p, "ru_used": 0, "updated_at_ms": now} for a, p in keys],
         )
-        size = 1 << (len(keys) - 1).bit_length()
-        padded = [*keys, *[keys[-1]] * (size - len(keys))]  # repeating a key reads its row once
+        padded = padded_to_power_of_two(keys)  # a repeated key reads its row once
         params = {
             name: value for i, (a, p) in enumerate(padded) for name, value in ((f"a{i}", a), (f"p{i}", p))
         }
-        rows = conn.execute(_usage_rows(conn.dialect.name, size), params).all()
+        rows = conn.execute(_usage_rows(conn.dialect.name, len(padded)), params).all()
         used = {(r.account, int(r.period_id)): int(r.ru_used) for r in rows}
         before = dict(used)
         for claim in plan:

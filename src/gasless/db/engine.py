@@ -257,3 +257,11 @@ def in_constants(column: ColumnElement[Any], values: tuple[str, ...]) -> ColumnE
         if not value.replace("_", "").isalnum():  # fixed state names only: nothing here is ever quoted
             raise ValueError(f"not a constant name: {value!r}")
     return column.in_([literal_column(f"'{value}'") for value in values])
+
+
+def padded_to_power_of_two(items: list[T]) -> list[T]:
+    """`items` (not empty) lengthened to the next power of two by repeating the last one, so a statement
+    with one parameter per item is built and compiled once per size (1, 2, 4, ...) instead of once per
+    length. Meant for statements where a repeated item changes nothing (`pk IN (a, b, b)`)."""
+    size = 1 << (len(items) - 1).bit_length()
+    return [*items, *[items[-1]] * (size - len(items))]

@@ -20,6 +20,7 @@ from gasless.db import (
     in_constants,
     intent_keys,
     intents,
+    padded_to_power_of_two,
     rejections,
     run_read,
     run_write,
@@ -389,15 +390,13 @@ class IntentRepository:
         gateways = gateways or {}
         chunks = []
         for start in range(0, len(pks), ACK_CHUNK):
-            chunk = pks[start : start + ACK_CHUNK]
-            # Padded to a power of two by repeating the last row (`pk IN (a, b, b)` writes b once): seven
-            # statements to build and compile instead of 64, each the first time its size came up under load.
-            size = 1 << (len(chunk) - 1).bit_length()
-            chunk += [chunk[-1]] * (size - len(chunk))
+            # Padded (`pk IN (a, b, b)` writes b once): seven statements to build and compile instead of
+            # 64, each the first time its size came up under load.
+            chunk = padded_to_power_of_two(pks[start : start + ACK_CHUNK])
             params: dict[str, Any] = {}
             for i, pk in enumerate(chunk):
                 params[f"pk{i}"], params[f"at{i}"], params[f"gw{i}"] = pk, acks[pk], gateways.get(pk)
-            chunks.append((self._ack_statement(size), params))
+            chunks.append((self._ack_statement(len(chunk)), params))
 
         def write(conn: Connection) -> tuple[list[Rec], list[int]]:
             broadcast = [

@@ -369,7 +369,7 @@ async def network(request: Request) -> Response:
             details={"retryAfterMs": 1_000},
         )
     params = view.params
-    # Not the newest block: each host records blocks from its own poll (every half round), so a token
+    # Not the newest block: each host records blocks from its own poll (twice a round), so a token
     # made on the newest block one host knows can reach another host before that one has polled it.
     auth_block = view.blocks.settled(NATIVE_AUTH_BLOCK_LAG)
     settings = host.settings
