@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -427,6 +428,11 @@ def summarize(label: str, elapsed: float, results: list[dict[str, Any]]) -> dict
     }
 
 
+def by_rounds(rounds: list[int]) -> dict[str, int]:
+    """How many relays took each number of rounds, fewest rounds first."""
+    return {str(value): count for value, count in sorted(Counter(rounds).items())}
+
+
 async def inclusion_rounds(
     database_url: str, round_ms: int, results: list[dict[str, Any]], timeout: float = 120
 ) -> dict[str, Any]:
@@ -439,7 +445,7 @@ async def inclusion_rounds(
     from sqlalchemy import select
 
     from gasless.db import create_engine, intents
-    from gasless.relay.intents import TERMINAL, latency
+    from gasless.relay.intents import TERMINAL, intent_from_row
 
     wanted = {(r["intent"]["sender"], r["intent"]["nonce"]) for r in results if r["status"] in (200, 202)}
     senders = sorted({sender for sender, _ in wanted})
@@ -460,30 +466,17 @@ async def inclusion_rounds(
             await asyncio.sleep(0.5)  # the next block; bounded by the deadline
     finally:
         await engine.dispose()
-    figures = [
-        latency(
-            received=row.received_at_ms,
-            cosigned=row.cosigned_at_ms,
-            broadcast=row.broadcast_at_ms,
-            executed=row.executed_block_ts_ms,
-            finalized=row.finalized_at_ms,
-            round_ms=round_ms,
-        )
-        for row in rows.values()
-    ]
+    figures = [intent_from_row(row, round_ms).latency for row in rows.values()]
     rounds = [f.roundsToInclusion for f in figures if f.roundsToInclusion is not None]
     inclusion = [f.inclusionMs for f in figures if f.inclusionMs is not None]
     finality = [f.finalityMs for f in figures if f.finalityMs is not None]
-    histogram: dict[str, int] = {}
-    for value in rounds:
-        histogram[str(value)] = histogram.get(str(value), 0) + 1
     return {
         "included": len(rounds),
         "not_included": len(wanted) - len(rounds),
         "rounds_p50": percentile(rounds, 50),
         "rounds_p99": percentile(rounds, 99),
         "rounds_max": max(rounds, default=float("nan")),
-        "rounds_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+        "rounds_histogram": by_rounds(rounds),
         "inclusion_p50": percentile(inclusion, 50),
         "inclusion_p99": percentile(inclusion, 99),
         # finalizedAtMs is when this host saw finality: it includes the tracker's detection delay.
@@ -524,14 +517,11 @@ async def chain_floor_rounds(
                 del pending[sent_hash]
         if pending:
             await asyncio.sleep(0.5)  # the next block; bounded by the deadline
-    histogram: dict[str, int] = {}
-    for value in rounds:
-        histogram[str(value)] = histogram.get(str(value), 0) + 1
     return {
         "sent": len(sent),
         "included": len(rounds),
         "rounds_p99": percentile(rounds, 99),
-        "rounds_histogram": dict(sorted(histogram.items(), key=lambda kv: int(kv[0]))),
+        "rounds_histogram": by_rounds(rounds),
     }
 
 
