@@ -256,6 +256,12 @@ class GatewayClient:
     async def account(self, bech32: str) -> dict[str, Any]:
         return (await self.get(f"/address/{bech32}"))["account"]
 
+    async def account_at_block(self, bech32: str) -> tuple[dict[str, Any], int | None]:
+        """The account and the nonce of the block its state is from (`blockInfo`; None if not given)."""
+        data = await self.get(f"/address/{bech32}")
+        block = (data.get("blockInfo") or {}).get("nonce")
+        return data["account"], int(block) if block is not None else None
+
     async def esdt_balance(self, bech32: str, token: str) -> int:
         data = await self.get(f"/address/{bech32}/esdt/{token}")
         return int(((data or {}).get("tokenData") or {}).get("balance") or 0)

@@ -353,6 +353,10 @@ class ChainState:
     guarded: bool
     active_guardian: str | None
     pool: list[dict[str, Any]]
+    # The account as read and the shard block its state is from: kept after a commit point, so the
+    # sender's next relay in the same block reads only the pool (RelayService._account).
+    account: dict[str, Any] | None = None
+    account_block: int | None = None
 
     @property
     def pool_last_nonce(self) -> int | None:

@@ -134,6 +134,9 @@ class RelayService:
         # guardian change becomes active on chain only after a waiting period, so a round-old answer is
         # as good as a fresh one.
         self._guardians: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        # sender -> (shard block nonce, account): the account a committed relay was checked against, and
+        # the block its state is from (RelayService._account).
+        self._accounts: dict[str, tuple[int, dict[str, Any]]] = {}
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -202,7 +205,7 @@ class RelayService:
         if failure is not None:
             raise failure
         # State reads start now and run while the local checks proceed.
-        chain_read = asyncio.create_task(self._chain_state(parsed.sender))
+        chain_read = asyncio.create_task(self._chain_state(parsed.sender, parsed.sender_shard))
         try:
             view = await self._sender_view(parsed, received_ms)
             duplicate = self._duplicate_of(parsed, view)
@@ -229,9 +232,11 @@ class RelayService:
                 chain_read.cancel()
                 with contextlib.suppress(BaseException):
                     await chain_read
-        return await self._cosign_and_commit(
+        committed = await self._cosign_and_commit(
             parsed, lease, slot_seq, decision, request_id, received_ms, route=mode.route
         )
+        self._remember_account(parsed.sender, state)
+        return committed
 
     # Stages -----------------------------------------------------------------------------------------
     def _static(self, parsed: ParsedRelay) -> list[Callable[[], ApiError | None]]:
@@ -336,10 +341,10 @@ class RelayService:
             return ApiError("SENDER_SIGNATURE_INVALID", detail="the sender signature does not verify")
         return None
 
-    async def _chain_state(self, sender: str) -> ChainState:
+    async def _chain_state(self, sender: str, shard: int) -> ChainState:
         try:
-            account, guardian, pool = await asyncio.gather(
-                self.gateway.account(sender),
+            (account, account_block), guardian, pool = await asyncio.gather(
+                self._account(sender, shard),
                 self._guardian_data(sender),
                 self.gateway.pool_for_sender(sender, fields="hash,nonce,gasprice"),
             )
@@ -352,7 +357,34 @@ class RelayService:
             guarded=bool(guardian.get("guarded")) if guardian else False,
             active_guardian=active or None,
             pool=list(pool or []),
+            account=account,
+            account_block=account_block,
         )
+
+    async def _account(self, sender: str, shard: int) -> tuple[dict[str, Any], int | None]:
+        """The sender's account, read from a gateway unless a relay of this sender committed against the
+        state of the block its shard is at now.
+
+        An account's state changes only when its shard commits a block, so within one block the account
+        read for the sender's previous relay is the one a new read would return; the pool, which
+        transactions sent around the service change between two blocks, is always read fresh
+        (tests/relay/test_account_snapshot.py). The block the shard is at comes from the network view's
+        polls, made within a few milliseconds of each round's start: a block newer than that view is the
+        race a fresh read has with a block landing before the broadcast (the gateway refuses the send
+        and the intent ends DEAD). Kept only after a commit point, so a refused relay (a balance too
+        low, say) reads again on its retry."""
+        status = self.network.status(shard)
+        hit = self._accounts.get(sender)
+        if hit is not None and status is not None and hit[0] == status.nonce:
+            return hit[1], hit[0]
+        return await self.gateway.account_at_block(sender)
+
+    def _remember_account(self, sender: str, state: ChainState) -> None:
+        if state.account is None or state.account_block is None:
+            return
+        if len(self._accounts) > 65_536:
+            self._accounts.clear()
+        self._accounts[sender] = (state.account_block, state.account)
 
     async def _guardian_data(self, sender: str) -> dict[str, Any] | None:
         now = time.monotonic() * 1000

@@ -51,7 +51,7 @@ async def validate_submission(self: RelayService, raw: bytes) -> ValidateRespons
             problems.append(signature)
         if problems or lease is None:
             return _response(self, problems, parsed)
-        state = await self._chain_state(parsed.sender)
+        state = await self._chain_state(parsed.sender, parsed.sender_shard)
         state_checks = self._state_checks(parsed, lease, view, state)
         problems = [e for check in state_checks[:-1] if (e := check()) is not None]
         if problems:
