@@ -50,7 +50,7 @@ class Up:
             try:
                 if requests.get(f"{self.api}/readyz", timeout=2).status_code == 200:
                     return
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or too busy starting to answer in 2 s
                 pass
             time.sleep(0.05)
         raise AssertionError(f"gasless up not ready within {timeout} s:\n{self.output()}")

@@ -591,6 +591,7 @@ def test_up_with_two_hosts_serves_a_and_b(tmp_path: Path, postgres_url: str, red
             stdout=output,
             stderr=subprocess.STDOUT,
             env={**os.environ, "COLUMNS": "200"},
+            start_new_session=True,  # reap() kills its process group: without it a hung stop outlived the test
         )  # fmt: skip
     try:
         bases = {"a": f"http://127.0.0.1:{api}", "b": f"http://127.0.0.1:{api + 1}"}
