@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import secrets
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -179,6 +181,39 @@ class RelayEnv:
             method="POST",
         )
         urllib.request.urlopen(request, timeout=5).read()
+
+
+# The local network, around the service ---------------------------------------------------------------------
+def localnet_post(env: Any, path: str, body: dict[str, Any]) -> Any:
+    request = urllib.request.Request(
+        f"{env.localnet.url}{path}",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(request, timeout=5) as answer:
+        return json.loads(answer.read())
+
+
+def fund(env: Any, address: str, egld_atto: int = 10**18) -> None:
+    localnet_post(env, "/localnet/faucet", {"address": address, "egldAtto": egld_atto})
+
+
+def send_direct(env: Any, sender: Sender, *, nonce: int = 0, gas_price: int = 1_000_000_000) -> str:
+    """A plain (not relayed) transfer signed by the sender, sent straight to the localnet gateway."""
+    tx = Transaction(
+        sender=address_of(sender.key.generate_public_key().buffer),
+        receiver=address_of(key_in_shard(sender.shard).generate_public_key().buffer),
+        gas_limit=50_000,
+        chain_id=env.settings.network.chain_id,
+        nonce=nonce,
+        gas_price=gas_price,
+        version=2,
+    )
+    tx.signature = sender.key.sign(_computer.compute_bytes_for_signing(tx))
+    answer = localnet_post(env, "/transaction/send", tx.to_dictionary())
+    assert not answer.get("error"), answer
+    return str(answer["data"]["txHash"])
 
 
 def _addr(bech32: str) -> Any:

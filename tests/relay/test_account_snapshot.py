@@ -9,50 +9,30 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from multiversx_sdk import Transaction, TransactionComputer
-from relay_kit import RelayEnv, Sender, key_in_shard
+from multiversx_sdk import Transaction
+from relay_kit import RelayEnv, Sender, fund, send_direct
 
-from gasless.chain.addresses import address_of
-
-_computer = TransactionComputer()
 GAS_PRICE = 1_000_000_000
 
 
-def _post(env: RelayEnv, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    request = urllib.request.Request(
-        f"{env.localnet.url}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=5) as answer:
-        return json.loads(answer.read())  # type: ignore[no-any-return]
+@contextmanager
+def _between_two_blocks(env: RelayEnv) -> Iterator[None]:
+    """The sender's shard (1) produces no block until the end of the block."""
+    env.faults(chain={"stalledShards": [1]})
+    try:
+        yield
+    finally:
+        env.faults(chain={"stalledShards": []})
 
 
 def _funded_sender(env: RelayEnv) -> Sender:
     sender = env.new_sender(1)
-    _post(env, "/localnet/faucet", {"address": sender.address, "egldAtto": 10**18})
+    fund(env, sender.address)
     return sender
-
-
-def _send_around(env: RelayEnv, sender: Sender, nonce: int, gas_price: int = GAS_PRICE) -> str:
-    """A plain transfer signed and sent by the sender straight to the gateway: the service never sees it."""
-    tx = Transaction(
-        sender=address_of(sender.key.generate_public_key().buffer),
-        receiver=address_of(key_in_shard(1).generate_public_key().buffer),
-        gas_limit=50_000,
-        chain_id=env.settings.network.chain_id,
-        nonce=nonce,
-        value=1,
-        gas_price=gas_price,
-        version=2,
-    )
-    tx.signature = sender.key.sign(_computer.compute_bytes_for_signing(tx))
-    answer = _post(env, "/transaction/send", tx.to_dictionary())
-    assert answer.get("code") == "successful", answer
-    return str(answer["data"]["txHash"])
 
 
 def _accepted(env: RelayEnv, tx: Transaction, lease: str) -> dict[str, Any]:
@@ -64,16 +44,13 @@ def _accepted(env: RelayEnv, tx: Transaction, lease: str) -> dict[str, Any]:
 def test_a_nonce_used_around_the_service_is_seen_in_the_pool_then_on_chain(env: RelayEnv) -> None:
     sender = _funded_sender(env)
     assignment = env.assign(sender)
-    env.faults(chain={"stalledShards": [1]})
-    try:
+    with _between_two_blocks(env):
         first = _accepted(env, env.build(sender, assignment, nonce=0), assignment["lease"])
         # Same block: nonce 1 taken in the pool by a transfer sent around the service.
-        _send_around(env, sender, 1)
+        send_direct(env, sender, nonce=1)
         taken = env.relay(env.build(sender, assignment, nonce=1, data=b"mine"), assignment["lease"])
         assert taken.status_code == 409, taken.text
         assert taken.json()["code"] == "RESIGN_SAME_NONCE"
-    finally:
-        env.faults(chain={"stalledShards": []})
 
     # A block executes both; once it is final, the account's nonce is 2 on chain.
     env.wait_state(first["txHash"], ("FINALIZED",))
@@ -89,14 +66,11 @@ def test_a_nonce_used_around_the_service_is_seen_in_the_pool_then_on_chain(env: 
 def test_a_pool_replacement_around_the_service_between_two_blocks(env: RelayEnv) -> None:
     sender = _funded_sender(env)
     assignment = env.assign(sender)
-    env.faults(chain={"stalledShards": [1]})
-    try:
+    with _between_two_blocks(env):
         ours = _accepted(env, env.build(sender, assignment, nonce=0), assignment["lease"])
         # Same block: the sender outbids our nonce 0 in the pool, then relays nonce 1 through us.
-        replacement = _send_around(env, sender, 0, gas_price=GAS_PRICE + 1)
+        replacement = send_direct(env, sender, nonce=0, gas_price=GAS_PRICE + 1)
         after = _accepted(env, env.build(sender, assignment, nonce=1), assignment["lease"])
-    finally:
-        env.faults(chain={"stalledShards": []})
 
     dead = env.wait_state(ours["txHash"], ("DEAD",))
     assert dead["deadReason"], dead  # the winner is not ours: the service knows only that the nonce went

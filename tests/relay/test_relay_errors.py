@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from multiversx_sdk import Address, Transaction, TransactionComputer, UserSecretKey
+from relay_kit import fund, localnet_post, send_direct
 
 from gasless.app import purpose_keys
 from gasless.chain.addresses import address_of, parse_address, shard_of_pubkey
@@ -63,39 +64,8 @@ def mint(env: Any, sender: Any, relayer: str, *, codec: LeaseCodec | None = None
     return token
 
 
-def localnet_post(env: Any, path: str, body: dict[str, Any]) -> Any:
-    request = urllib.request.Request(
-        f"{env.localnet.url}{path}",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=5) as answer:
-        return json.loads(answer.read())
-
-
-def fund(env: Any, address: str, egld_atto: int = EGLD) -> None:
-    localnet_post(env, "/localnet/faucet", {"address": address, "egldAtto": egld_atto})
-
-
 def stall(env: Any, shard: int = 1) -> None:
     env.faults(chain={"stalledShards": [shard]})
-
-
-def send_direct(env: Any, sender: Any, *, nonce: int = 0, gas_price: int = MIN_GAS_PRICE) -> str:
-    """A plain (not relayed) transfer signed by the sender, sent straight to the localnet gateway."""
-    tx = Transaction(
-        sender=parse_address(sender.address),
-        receiver=other_address(sender.shard),
-        gas_limit=50_000,
-        chain_id=env.settings.network.chain_id,
-        nonce=nonce,
-        gas_price=gas_price,
-        version=2,
-    )
-    answer = localnet_post(env, "/transaction/send", sign(sender.key, tx).to_dictionary())
-    assert not answer.get("error"), answer
-    return str(answer["data"]["txHash"])
 
 
 def wait_chain_nonce(env: Any, address: str, nonce: int, timeout: float = 10.0) -> None:

@@ -254,7 +254,8 @@ class GatewayClient:
         return await self.network_status(METACHAIN)
 
     async def account(self, bech32: str) -> dict[str, Any]:
-        return (await self.get(f"/address/{bech32}"))["account"]
+        account, _ = await self.account_at_block(bech32)
+        return account
 
     async def account_at_block(self, bech32: str) -> tuple[dict[str, Any], int | None]:
         """The account and the nonce of the block its state is from (`blockInfo`; None if not given)."""
