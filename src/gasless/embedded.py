@@ -345,6 +345,12 @@ def embedded_settings(
     return Settings(**values)
 
 
+# A stop waits this long for the responses under way (a relay takes well under a second; streams end at
+# once), then cancels what is left: no request can hold a stop forever. A relay cancelled after its commit
+# point is resumed by the next start, as after kill -9.
+GRACEFUL_STOP_S = 10
+
+
 class ServerFailed(RuntimeError):
     """A server of a host ended on its own (its application did not start)."""
 
@@ -380,6 +386,7 @@ def _servers(
             log_config=None,  # uvicorn's records go through our logging pipeline (JSON, redacted)
             access_log=False,  # the metrics middleware writes the access log
             lifespan="on",
+            timeout_graceful_shutdown=GRACEFUL_STOP_S,
         )
     )
     servers: list[tuple[uvicorn.Server, list[socket.socket]]] = [(api, [listeners.api])]
@@ -392,6 +399,7 @@ def _servers(
                 log_config=None,
                 access_log=False,
                 lifespan="off",
+                timeout_graceful_shutdown=GRACEFUL_STOP_S,
             )
         )
         servers.append((admin, [listeners.metrics]))
@@ -429,6 +437,8 @@ async def serve_hosts(
         listening.cancel()
         for waiter in refusals:
             waiter.cancel()
+        for state in states:
+            state.begin_stop()  # open streams end: uvicorn's stop waits for every open response
         for server, _ in servers:
             server.should_exit = True
         # Not gather: a cancelled gather would cancel the servers mid-shutdown.

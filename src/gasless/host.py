@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import aiohttp
 import structlog
@@ -59,6 +60,8 @@ from gasless.webhooks.service import WebhookService
 from gasless.x402.service import X402Service
 
 log = structlog.get_logger("gasless.host")
+
+T = TypeVar("T")
 
 
 class Health(BaseModel):
@@ -135,6 +138,9 @@ class HostState:
     chain_guard: ChainGuard | None = None
     refusal: str | None = None
     refused: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set when the server begins to stop (`begin_stop`): open streams end then, since uvicorn waits for
+    # every open response before it stops, and a stream never ends on its own.
+    stopping: asyncio.Event = field(default_factory=asyncio.Event)
     # Billing contract mirror, account reads, settlement (the workers run on the role's leader only).
     mirror_repo: MirrorRepository | None = None
     mirror_follower: MirrorFollower | None = None
@@ -157,6 +163,23 @@ class HostState:
         if host != self.settings.host_id or boot != str(self.boot_epoch_ms) or not seq.isdigit():
             return None
         return int(seq)
+
+    def begin_stop(self) -> None:
+        """The server stops: every open stream ends now (a client resumes it elsewhere or after restart)."""
+        self.stopping.set()
+
+    async def unless_stopping(self, awaitable: Awaitable[T], timeout: float | None) -> T | None:
+        """`awaitable`'s result; None when `timeout` (seconds) passes or the host begins to stop first
+        (`stopping` tells which). A stream's every wait goes through here."""
+        waited = asyncio.ensure_future(awaitable)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait((waited, stop), timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not waited.done():
+                waited.cancel()
+        return waited.result() if waited.done() and not waited.cancelled() else None
 
     def refuse(self, reason: str) -> None:
         """Never become ready: the database belongs to another chain than the gateways serve."""

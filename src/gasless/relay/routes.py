@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
@@ -303,10 +302,9 @@ async def relay_events(
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return
-                try:
-                    await asyncio.wait_for(wake.wait(), min(STREAM_POLL_S, remaining))
-                except TimeoutError:
-                    pass
+                await host.unless_stopping(wake.wait(), min(STREAM_POLL_S, remaining))
+                if host.stopping.is_set():
+                    return  # the client reconnects (another host, or this one restarted) and resumes
                 wake.clear()
                 current = await _intent_for(request, id)
         finally:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -256,11 +255,10 @@ async def stream_account_events(
                 timeout = None if access.ends_ms is None else (access.ends_ms - _now_ms()) / 1000
                 if timeout is not None and timeout <= 0:
                     return
-                try:
-                    event = await asyncio.wait_for(stream.queue.get(), timeout)
-                except TimeoutError:
-                    return  # the token expired: the client reconnects with a fresh one
+                event = await host.unless_stopping(stream.queue.get(), timeout)
                 if event is None:
+                    # The token expired, the stream lags or the host stops: the client reconnects (with a
+                    # fresh token, or to another host or this one restarted) and resumes.
                     return
                 if event.seq <= last:
                     continue
