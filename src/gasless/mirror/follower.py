@@ -139,11 +139,15 @@ class MirrorFollower:
     # One step ---------------------------------------------------------------------------------------
     async def step(self) -> bool:
         """Apply the next final hyperblocks (at most one step); True when more are waiting."""
+        meta = await self.gateway.network_status(METACHAIN)
+        final = int(meta["erd_highest_final_nonce"])
+        if self.cursor is not None and final <= self.cursor:
+            # Nothing newer is final. The stored cursor is never behind this one (it only moves forward,
+            # and this one is read from it or written to it), so it need not be read on every poll.
+            return False
         stored = await self.repo.cursor()
         cursor = stored if stored is not None else self.start_hyperblock - 1
         await self._advanced(cursor)
-        meta = await self.gateway.network_status(METACHAIN)
-        final = int(meta["erd_highest_final_nonce"])
         if final <= cursor:
             return False
         last = min(final, cursor + self.max_per_step)

@@ -61,6 +61,7 @@ class NoticeWorker:
         self.wake = self.loop.wake
 
     async def start(self) -> None:
+        self.sources.forget_cursors()  # leading (again): another host may have moved them meanwhile
         self.loop.start()
 
     async def stop(self) -> None:

@@ -153,6 +153,9 @@ class NoticeSources:
         self.append = append
         self.clock = clock
         self._seen: set[str] = set()  # dedupe keys stored or found stored (saves the insert attempt)
+        # The sources' cursors as stored: read once per leadership (`forget_cursors` when it starts), written
+        # only when they move. Reading and rewriting them every scan was half of an idle host's statements.
+        self._cursors: dict[str, Any] = {}
         self._period_scan_at = 0
         self._period_nonce = -1  # the newest mirror refresh the period-ending check has seen
         # (source, account) -> the state already judged (newest write, and a count that moves with every
@@ -205,15 +208,31 @@ class NoticeSources:
             self._judged[(source, account)] = (at, count)
             self._judged_at[(source, account)] = now
 
+    def forget_cursors(self) -> None:
+        """Read the cursors from the database again (another host may have led in between)."""
+        self._cursors.clear()
+
+    async def _cursor(self, name: str) -> Any:
+        if name not in self._cursors:
+            self._cursors[name] = await self.repo.cursor(name)
+        return self._cursors[name]
+
+    async def _save_cursor(self, name: str, value: Any) -> None:
+        if name in self._cursors and self._cursors[name] == value:
+            return
+        self._cursors.pop(name, None)  # unknown until the write is known to have landed
+        await self.repo.save_cursor(name, value, self.clock())
+        self._cursors[name] = value
+
     async def _since(self, name: str) -> int:
-        saved = await self.repo.cursor(name)
+        saved = await self._cursor(name)
         return (int(saved) if saved is not None else self.clock()) - LOOKBACK_MS
 
     async def _advance(self, name: str, seen: list[int]) -> None:
         if seen:
-            await self.repo.save_cursor(name, max(seen), self.clock())
-        elif await self.repo.cursor(name) is None:
-            await self.repo.save_cursor(name, self.clock() - LOOKBACK_MS, self.clock())
+            await self._save_cursor(name, max(seen))
+        elif await self._cursor(name) is None:
+            await self._save_cursor(name, self.clock() - LOOKBACK_MS)
 
     # Plan usage -----------------------------------------------------------------------------------------
     async def _plan_thresholds(self) -> None:
@@ -271,9 +290,9 @@ class NoticeSources:
 
     # The contract's events ------------------------------------------------------------------------------
     async def _purchases(self) -> None:
-        cursor = await self.repo.cursor("purchases")
+        cursor = await self._cursor("purchases")
         if cursor is None:  # the first start: history is not news
-            await self.repo.save_cursor("purchases", await self.reads.last_purchase_seq(), self.clock())
+            await self._save_cursor("purchases", await self.reads.last_purchase_seq())
             return
         rows = await self.reads.purchases_after(int(cursor), 500)
         notices = []
@@ -290,7 +309,7 @@ class NoticeSources:
             notices.append(compose(kind, row.account, data, f"{kind}:{row.tx_hash}:{row.event_index}"))
         await self._emit(notices)
         if rows:
-            await self.repo.save_cursor("purchases", int(rows[-1].seq), self.clock())
+            await self._save_cursor("purchases", int(rows[-1].seq))
 
     async def _period_ending(self) -> None:
         """Accounts the mirror just refreshed (a purchase, a grant) at once; all of them every minute, as
@@ -396,23 +415,23 @@ class NoticeSources:
 
     # Pricing (global notices) ---------------------------------------------------------------------------
     async def _pricing(self) -> None:
-        schedule = await self.repo.cursor("schedule")
+        schedule = await self._cursor("schedule")
         if schedule is not None and schedule != RU_SCHEDULE_VERSION:
             data = {"version": RU_SCHEDULE_VERSION, "previous": schedule}
             await self._emit(
                 [compose("schedule.changed", None, data, f"schedule.changed:{RU_SCHEDULE_VERSION}")]
             )
         if schedule != RU_SCHEDULE_VERSION:
-            await self.repo.save_cursor("schedule", RU_SCHEDULE_VERSION, self.clock())
+            await self._save_cursor("schedule", RU_SCHEDULE_VERSION)
         if self.tariff_entries is None:
             return
         entries = await self.tariff_entries()
         if not entries:
             return
         newest = max(e.seq for e in entries)
-        cursor = await self.repo.cursor("tariff")
+        cursor = await self._cursor("tariff")
         if cursor is None:  # the first start: the tariff so far is not news
-            await self.repo.save_cursor("tariff", newest, self.clock())
+            await self._save_cursor("tariff", newest)
             return
         notices = []
         for entry in sorted(entries, key=lambda e: e.seq):
@@ -431,4 +450,4 @@ class NoticeSources:
             notices.append(compose(kind, None, data, f"tariff:{entry.seq}"))
         await self._emit(notices)
         if newest > int(cursor):
-            await self.repo.save_cursor("tariff", newest, self.clock())
+            await self._save_cursor("tariff", newest)
