@@ -5,11 +5,14 @@ these pieces run alone on one thread and repeat within a few percent, so a chang
 here, build against build: run the same command with `PYTHONPATH=<worktree of the other build>/src`.
 
     .venv/bin/python bench/micro.py               # all
-    .venv/bin/python bench/micro.py sign log      # some: sign, write, log, gateway
+    .venv/bin/python bench/micro.py sign log      # some: sign, write, log, read, gateway
 
 - sign: a relayer signature through the service's signer, and (the baseline, same run) through the SDK's
   `UserSecretKey.sign`;
 - write: a write transaction on the SQLite writer's connection (empty, one INSERT) and a read, run inline;
+- read: one small read of a SQLite file by the three paths the service has, in one run (the first is the
+  baseline): through aiosqlite (`engine.connect()`), inline on the loop (`run_read`), on a worker thread
+  (`run_read_off_loop`); CPU of the whole process, every thread counted;
 - log: one access-log line through the configured pipeline (redaction, JSON rendering) into /dev/null;
 - gateway: client CPU of one gateway read (`GET /address/...`, `GET /transaction/pool`) against a real
   `gasless localnet` in another process.
@@ -90,6 +93,46 @@ def bench_write() -> None:
     asyncio.run(main())
 
 
+def bench_read() -> None:
+    from sqlalchemy import select
+
+    from gasless.db.engine import create_engine, run_read, run_read_off_loop
+    from gasless.db.migrate import upgrade
+    from gasless.db.tables import service_meta
+
+    query = select(service_meta.c.value).where(service_meta.c.key == "notices.usage")
+
+    async def main() -> None:
+        url = f"sqlite+aiosqlite:///{tempfile.mkdtemp()}/micro.db"
+        await upgrade(url)
+        engine = create_engine(url)
+
+        async def through_aiosqlite() -> Any:
+            async with engine.connect() as conn:
+                return (await conn.execute(query)).scalar()
+
+        paths = {
+            "through aiosqlite (engine.connect)": through_aiosqlite,
+            "inline on the loop (run_read)": lambda: run_read(engine, lambda c: c.execute(query).scalar()),
+            "on a worker thread (run_read_off_loop)": lambda: run_read_off_loop(
+                engine, lambda c: c.execute(query).scalar()
+            ),
+        }
+        for name, read in paths.items():
+            for _ in range(200):  # warm: connections made, statements compiled
+                await read()
+            best = float("inf")
+            for _ in range(REPEATS):
+                started = time.process_time()
+                for _ in range(1000):
+                    await read()
+                best = min(best, time.process_time() - started)
+            print(f"read: {name} {best / 1000 * 1e6:.0f} us")
+        await engine.dispose()
+
+    asyncio.run(main())
+
+
 def bench_log() -> None:
     import structlog
 
@@ -164,7 +207,13 @@ def bench_gateway() -> None:
         localnet.wait(10)
 
 
-BENCHES = {"sign": bench_sign, "write": bench_write, "log": bench_log, "gateway": bench_gateway}
+BENCHES = {
+    "sign": bench_sign,
+    "write": bench_write,
+    "read": bench_read,
+    "log": bench_log,
+    "gateway": bench_gateway,
+}
 
 
 def main() -> int:

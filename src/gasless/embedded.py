@@ -485,7 +485,8 @@ async def stop_process(process: asyncio.subprocess.Process | None) -> None:
     with contextlib.suppress(ProcessLookupError):
         process.terminate()
     try:
-        await asyncio.wait_for(process.wait(), 10)
+        async with asyncio.timeout(10):  # not wait_for: see gasless.workers.wait_event
+            await process.wait()
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             process.kill()

@@ -17,6 +17,23 @@ import structlog
 log = structlog.get_logger("gasless.workers")
 
 
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """`event.wait()` for at most `timeout_s` seconds: True when the event was set.
+
+    Every background loop waits through this, never through `asyncio.wait_for`: on Python 3.11, a
+    cancellation that arrives once the inner wait is done but before `wait_for` resumes is swallowed (it
+    returns the result instead of raising), so a loop stopped by one `cancel()` ran on for good and the host's
+    stop hung (seen under the suite's load: a test's shutdown stuck for 10 minutes). `asyncio.timeout`
+    counts cancellations and never loses one.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
 class PollingLoop:
     def __init__(
         self,
@@ -48,7 +65,8 @@ class PollingLoop:
         self._stopping = True
         self.wake.set()
         try:
-            await asyncio.wait_for(asyncio.shield(task), self.grace_s)
+            async with asyncio.timeout(self.grace_s):  # not wait_for: see wait_event
+                await asyncio.shield(task)
         except (TimeoutError, asyncio.CancelledError):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -71,5 +89,4 @@ class PollingLoop:
             if more or self._stopping:
                 continue
             self.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self.poll_ms / 1000)
+            await wait_event(self.wake, self.poll_ms / 1000)

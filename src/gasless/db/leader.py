@@ -21,6 +21,8 @@ from typing import Any, Protocol
 import structlog
 from sqlalchemy.engine import make_url
 
+from gasless.workers import wait_event
+
 log = structlog.get_logger("gasless.leader")
 
 # First key of every advisory lock this service takes ("gasl"); the second is derived from the lock name.
@@ -151,8 +153,9 @@ class SingletonRunner:
     async def _fetch(self, sql: str, *args: Any) -> list[Any]:
         if self._conn is None:
             raise ConnectionError("no lock connection")
-        async with self._conn_lock:
-            return list(await asyncio.wait_for(self._conn.fetch(sql, *args), CHECK_TIMEOUT_MS / 1000))
+        # asyncio.timeout, not wait_for: a cancellation (the runner's stop) must never be lost (wait_event).
+        async with self._conn_lock, asyncio.timeout(CHECK_TIMEOUT_MS / 1000):
+            return list(await self._conn.fetch(sql, *args))
 
     async def _acquire_free_roles(self) -> None:
         for role in self._workers:
@@ -169,8 +172,7 @@ class SingletonRunner:
         loop = asyncio.get_running_loop()
         until = loop.time() + duration_ms / 1000
         while loop.time() < until:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._lost.wait(), self.check_ms / 1000)
+            await wait_event(self._lost, self.check_ms / 1000)
             if self._lost.is_set():
                 raise ConnectionError("lock connection terminated")
             if self._held:

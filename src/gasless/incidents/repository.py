@@ -16,11 +16,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, or_, select, update
+from sqlalchemy import Connection, and_, case, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gasless.db import begin_write, incident_updates, incidents
+from gasless.db.engine import run_read
 
 ID_PREFIX = "inc_"
 _RAISE_ATTEMPTS = 3
@@ -311,30 +312,38 @@ class IncidentRepository:
         return [_incident(row, updates.get(row.id, ())) for row in rows]
 
     async def changed_since(self, since_ms: int) -> list[IncidentRow]:
-        """Incidents whose latest update is at or after `since_ms` (for publishing changes)."""
-        async with self.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    select(incidents)
-                    .where(incidents.c.updated_at_ms >= since_ms)
-                    .order_by(incidents.c.updated_at_ms)
-                )
-            ).all()
-            updates = await self._updates(conn, [row.id for row in rows])
-        return [_incident(row, updates.get(row.id, ())) for row in rows]
+        """Incidents whose latest update is at or after `since_ms` (for publishing changes). Polled twice a
+        second on every host: inline on the loop (gasless.db.engine.run_read), without aiosqlite's hops."""
+        query = (
+            select(incidents).where(incidents.c.updated_at_ms >= since_ms).order_by(incidents.c.updated_at_ms)
+        )
+
+        def read(conn: Connection) -> list[IncidentRow]:
+            rows = conn.execute(query).all()
+            updates = _group_updates(
+                conn.execute(_updates_of([row.id for row in rows])).all() if rows else []
+            )
+            return [_incident(row, updates.get(row.id, ())) for row in rows]
+
+        return await run_read(self.engine, read)
 
     @staticmethod
     async def _updates(conn: AsyncConnection, ids: list[str]) -> dict[str, list[UpdateRow]]:
         if not ids:
             return {}
-        rows = (
-            await conn.execute(
-                select(incident_updates)
-                .where(incident_updates.c.incident_id.in_(ids))
-                .order_by(incident_updates.c.incident_id, incident_updates.c.seq)
-            )
-        ).all()
-        out: dict[str, list[UpdateRow]] = {}
-        for row in rows:
-            out.setdefault(row.incident_id, []).append(UpdateRow(row.seq, row.status, row.body, row.at_ms))
-        return out
+        return _group_updates((await conn.execute(_updates_of(ids))).all())
+
+
+def _updates_of(ids: list[str]) -> Any:
+    return (
+        select(incident_updates)
+        .where(incident_updates.c.incident_id.in_(ids))
+        .order_by(incident_updates.c.incident_id, incident_updates.c.seq)
+    )
+
+
+def _group_updates(rows: Sequence[Any]) -> dict[str, list[UpdateRow]]:
+    out: dict[str, list[UpdateRow]] = {}
+    for row in rows:
+        out.setdefault(row.incident_id, []).append(UpdateRow(row.seq, row.status, row.body, row.at_ms))
+    return out

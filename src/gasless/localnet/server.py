@@ -30,6 +30,7 @@ from gasless.localnet.chain import ChainConfig, LocalChain
 from gasless.localnet.gateway import CHAIN_KEY, add_routes
 from gasless.localnet.genesis import Genesis, apply_genesis, genesis_facts, resume_genesis
 from gasless.localnet.persist import ChainStore, SavedChainError, config_difference
+from gasless.workers import wait_event
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # send-multiple batches can be large
 SNAPSHOT_INTERVAL_S = 5.0
@@ -201,8 +202,7 @@ class Localnet:
     async def _persist(self) -> None:
         """Every `snapshot_interval_s`, right after a round (the round clock keeps its pace), until stop."""
         while not self._stopping.is_set():
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), self.snapshot_interval_s)
+            if await wait_event(self._stopping, self.snapshot_interval_s):
                 return
             round_done = asyncio.ensure_future(self.chain.next_round())
             stopping = asyncio.ensure_future(self._stopping.wait())

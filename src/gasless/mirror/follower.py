@@ -110,7 +110,8 @@ class MirrorFollower:
 
         async with self._applied:
             try:
-                await asyncio.wait_for(self._applied.wait_for(done), timeout_s)
+                async with asyncio.timeout(timeout_s):  # not wait_for: see gasless.workers.wait_event
+                    await self._applied.wait_for(done)
             except TimeoutError:
                 return False
         return True

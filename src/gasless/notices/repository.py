@@ -16,6 +16,7 @@ from sqlalchemy import and_, func, or_, select, text, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db import begin_write, dialect_insert
+from gasless.db.engine import run_read, run_read_off_loop
 from gasless.db.notice_tables import notice_acks, notices
 from gasless.db.tables import (
     account_period_usage,
@@ -130,8 +131,12 @@ class NoticeRepository:
     async def after(self, seq: int, limit: int) -> list[NoticeRow]:
         """Every notice above `seq`, oldest first (the stream tail of each host)."""
         query = select(notices).where(notices.c.seq > seq).order_by(notices.c.seq).limit(limit)
-        async with self.engine.connect() as conn:
-            return [_row(row) for row in (await conn.execute(query)).all()]
+        return await self._polled(query)
+
+    async def _polled(self, query: Any) -> list[NoticeRow]:
+        # Every host's tail polls twice a second: a small indexed read, inline on the loop
+        # (gasless.db.engine.run_read), a tenth of an aiosqlite read's CPU.
+        return await run_read(self.engine, lambda conn: [_row(row) for row in conn.execute(query).all()])
 
     async def last_seq(self) -> int:
         async with self.engine.connect() as conn:
@@ -177,8 +182,7 @@ class NoticeRepository:
         query = (
             select(notices).where(notices.c.dispatched_at_ms.is_(None)).order_by(notices.c.seq).limit(limit)
         )
-        async with self.engine.connect() as conn:
-            return [_row(row) for row in (await conn.execute(query)).all()]
+        return await self._polled(query)
 
     async def mark_dispatched(self, seqs: Sequence[int], now_ms: int) -> None:
         if not seqs:
@@ -192,12 +196,8 @@ class NoticeRepository:
 
     # Cursors of the sources (service_meta rows `notices.<name>`) -----------------------------------------
     async def cursor(self, name: str) -> Any:
-        async with self.engine.connect() as conn:
-            return (
-                await conn.execute(
-                    select(service_meta.c.value).where(service_meta.c.key == f"notices.{name}")
-                )
-            ).scalar()
+        query = select(service_meta.c.value).where(service_meta.c.key == f"notices.{name}")
+        return await run_read(self.engine, lambda conn: conn.execute(query).scalar())
 
     async def save_cursor(self, name: str, value: Any, now_ms: int) -> None:
         async with begin_write(self.engine) as conn:
@@ -216,6 +216,15 @@ class SourceReads:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
 
+    # Every scan runs these each second on the leader: off the loop through the engine's own thread where
+    # SQLite allows (gasless.db.engine.run_read_off_loop), a third of an aiosqlite read's CPU; a window's
+    # aggregate under load must not stall the loop either.
+    async def _all(self, query: Any) -> list[Any]:
+        return await run_read_off_loop(self.engine, lambda conn: list(conn.execute(query).all()))
+
+    async def _scalar(self, query: Any) -> Any:
+        return await run_read_off_loop(self.engine, lambda conn: conn.execute(query).scalar_one())
+
     async def plan_usage_changed(self, since_ms: int) -> list[tuple[str, int, int]]:
         """(account, newest write, RU used) of the plan usage rows written since `since_ms`."""
         c = account_period_usage.c
@@ -224,8 +233,7 @@ class SourceReads:
             .where(c.updated_at_ms >= since_ms)
             .group_by(c.account)
         )
-        async with self.engine.connect() as conn:
-            return [(str(a), int(t), int(n)) for a, t, n in (await conn.execute(query)).all()]
+        return [(str(a), int(t), int(n)) for a, t, n in await self._all(query)]
 
     async def payg_reserved(self, since_ms: int) -> list[tuple[str, int, int]]:
         """(account, newest, how many) of the pay-as-you-go reservations made since `since_ms`."""
@@ -235,8 +243,7 @@ class SourceReads:
             .where(c.billing_class == "payg", c.created_at_ms >= since_ms)
             .group_by(c.account)
         )
-        async with self.engine.connect() as conn:
-            return [(str(a), int(t), int(n)) for a, t, n in (await conn.execute(query)).all()]
+        return [(str(a), int(t), int(n)) for a, t, n in await self._all(query)]
 
     async def payg_spent(self, account: str, since_ms: int) -> int:
         c = reservations.c
@@ -246,20 +253,15 @@ class SourceReads:
             c.state != "released",
             c.created_at_ms >= since_ms,
         )
-        async with self.engine.connect() as conn:
-            return int((await conn.execute(query)).scalar_one())
+        return int(await self._scalar(query))
 
     async def purchases_after(self, seq: int, limit: int) -> list[Any]:
         c = mirror_purchases.c
         query = select(mirror_purchases).where(c.seq > seq).order_by(c.seq).limit(limit)
-        async with self.engine.connect() as conn:
-            return list((await conn.execute(query)).all())
+        return await self._all(query)
 
     async def last_purchase_seq(self) -> int:
-        async with self.engine.connect() as conn:
-            return int(
-                (await conn.execute(select(func.coalesce(func.max(mirror_purchases.c.seq), 0)))).scalar_one()
-            )
+        return int(await self._scalar(select(func.coalesce(func.max(mirror_purchases.c.seq), 0))))
 
     async def accounts(self, after_nonce: int = -1) -> list[Any]:
         """The mirrored accounts with a running plan block (period-ending checks), or only those the mirror
@@ -268,8 +270,7 @@ class SourceReads:
         query = select(c.address, c.running, c.auto_renew, c.hyperblock_nonce).where(
             c.running.is_not(None), c.hyperblock_nonce > after_nonce
         )
-        async with self.engine.connect() as conn:
-            return list((await conn.execute(query)).all())
+        return await self._all(query)
 
     async def escrow_of(self, accounts: Sequence[str]) -> dict[str, Any]:
         if not accounts:
@@ -278,8 +279,7 @@ class SourceReads:
         query = select(c.address, c.escrow_micro, c.payg, c.hyperblock_nonce).where(
             c.address.in_(list(accounts))
         )
-        async with self.engine.connect() as conn:
-            return {row.address: row for row in (await conn.execute(query)).all()}
+        return {row.address: row for row in await self._all(query)}
 
     async def incident_updates_since(self, since_ms: int) -> list[Any]:
         """Incident updates appended since `since_ms`, with their incident's shard and times, in order."""
@@ -302,8 +302,7 @@ class SourceReads:
             .where(u.at_ms >= since_ms)
             .order_by(u.at_ms, u.incident_id, u.seq)
         )
-        async with self.engine.connect() as conn:
-            return list((await conn.execute(query)).all())
+        return await self._all(query)
 
     async def accounts_with_relays(self, shard: int | None, from_ms: int, to_ms: int) -> set[str]:
         """Accounts that had relays (co-signed intents) in `shard` (any shard: None) between the two times:
@@ -321,11 +320,10 @@ class SourceReads:
         if shard is not None:
             ledger = ledger.where(lc.sender_shard == shard)
             flight = flight.where(ic.sender_shard == shard)
-        async with self.engine.connect() as conn:
-            found = {str(a) for a in (await conn.execute(ledger)).scalars()}
-            for billing in (await conn.execute(flight)).scalars():
-                if isinstance(billing, dict) and billing.get("account"):
-                    found.add(str(billing["account"]))
+        found = {str(a) for (a,) in await self._all(ledger)}
+        for (billing,) in await self._all(flight):
+            if isinstance(billing, dict) and billing.get("account"):
+                found.add(str(billing["account"]))
         return found
 
     async def key_changes(self, since_ms: int) -> list[Any]:
@@ -334,8 +332,7 @@ class SourceReads:
         query = select(c.key_id, c.account, c.env, c.label, c.created_at_ms, c.revoked_at_ms).where(
             or_(c.created_at_ms >= since_ms, c.revoked_at_ms >= since_ms)
         )
-        async with self.engine.connect() as conn:
-            return list((await conn.execute(query)).all())
+        return await self._all(query)
 
     async def failed_deliveries(self, since_ms: int) -> list[Any]:
         """Webhook deliveries that failed for good since `since_ms`, with their webhook's URL."""
@@ -354,5 +351,4 @@ class SourceReads:
             .join(webhooks, w.webhook_id == d.webhook_id)
             .where(d.status == "failed", d.completed_at_ms >= since_ms)
         )
-        async with self.engine.connect() as conn:
-            return list((await conn.execute(query)).all())
+        return await self._all(query)

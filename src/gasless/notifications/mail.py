@@ -215,7 +215,8 @@ class MailCatcher:
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2.0)
+                async with asyncio.timeout(2.0):  # not wait_for: see gasless.workers.wait_event
+                    await self._server.wait_closed()
             self._server = None
 
     def keep(self, mail_from: str, rcpt_tos: list[str], data: bytes) -> None:

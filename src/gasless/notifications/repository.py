@@ -15,6 +15,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db import begin_write, dialect_insert
+from gasless.db.engine import run_read_off_loop
 from gasless.db.notice_tables import mail_outbox, notification_prefs
 
 
@@ -69,13 +70,14 @@ class PrefsRepository:
         if not accounts:
             return {}
         query = select(notification_prefs).where(notification_prefs.c.account.in_(sorted(set(accounts))))
-        async with self.engine.connect() as conn:
-            return {row.account: PrefsRow(**row._mapping) for row in (await conn.execute(query)).all()}
+        rows = await run_read_off_loop(self.engine, lambda conn: conn.execute(query).all())
+        return {row.account: PrefsRow(**row._mapping) for row in rows}
 
     async def with_thresholds(self) -> list[PrefsRow]:
         """Accounts that set an escrow or spending threshold (the only ones those sources look at)."""
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(select(notification_prefs))).all()
+        # Read by the notice scan every second: off the loop, and cheaper than through aiosqlite.
+        query = select(notification_prefs)
+        rows = await run_read_off_loop(self.engine, lambda conn: conn.execute(query).all())
         found = [PrefsRow(**row._mapping) for row in rows]
         return [
             p

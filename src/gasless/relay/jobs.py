@@ -24,6 +24,7 @@ from gasless.chain.network import NetworkView
 from gasless.db import intents
 from gasless.relay.events import IntentBus
 from gasless.relay.repository import IN_FLIGHT, IntentRepository, Rec
+from gasless.workers import wait_event
 
 log = structlog.get_logger("gasless.relay.jobs")
 
@@ -221,8 +222,7 @@ class Tracker(Worker):
         # per-intent looks and re-broadcasts.
         while True:
             interval = max(0.05, self.network.params.round_duration_ms / 2000)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._new_block.wait(), interval)
+            await wait_event(self._new_block, interval)
             self._new_block.clear()
             try:
                 await self.tick()

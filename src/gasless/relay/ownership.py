@@ -22,6 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db import intents
+from gasless.db.engine import run_read_off_loop
 from gasless.db.leader import SingletonRunner
 from gasless.relay.jobs import Worker
 from gasless.relay.repository import IN_FLIGHT, IntentRepository, Rec, recs
@@ -56,12 +57,12 @@ class HostIntents(IntentRepository):
             )
             return recs(rows.all())
 
+    # The two reads below run every second or two: off the loop (there can be many intents in flight)
+    # and without aiosqlite's hops (gasless.db.engine.run_read_off_loop).
     async def in_flight_stamps(self) -> dict[int, int]:
-        async with self.engine.connect() as conn:
-            rows = await conn.execute(
-                select(intents.c.pk, intents.c.seq).where(intents.c.state.in_(IN_FLIGHT), self._ours())
-            )
-            return {int(pk): int(seq) for pk, seq in rows.all()}
+        query = select(intents.c.pk, intents.c.seq).where(intents.c.state.in_(IN_FLIGHT), self._ours())
+        rows = await run_read_off_loop(self.engine, lambda conn: conn.execute(query).all())
+        return {int(pk): int(seq) for pk, seq in rows}
 
     async def unbroadcast(self) -> list[Rec]:
         async with self.engine.connect() as conn:
@@ -71,13 +72,13 @@ class HostIntents(IntentRepository):
             return recs(rows.all())
 
     async def hosts_with_in_flight(self) -> set[str]:
-        async with self.engine.connect() as conn:
-            rows = await conn.execute(
-                select(intents.c.host_id)
-                .where(intents.c.state.in_(IN_FLIGHT), intents.c.host_id != self.host_id)
-                .distinct()
-            )
-            return {str(row[0]) for row in rows.all()}
+        query = (
+            select(intents.c.host_id)
+            .where(intents.c.state.in_(IN_FLIGHT), intents.c.host_id != self.host_id)
+            .distinct()
+        )
+        rows = await run_read_off_loop(self.engine, lambda conn: conn.execute(query).all())
+        return {str(row[0]) for row in rows}
 
 
 class OrphanAdopter(Worker):

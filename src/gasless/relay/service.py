@@ -495,7 +495,8 @@ class RelayService:
             sent = self.broadcaster.send(pk, wire, final_hash)
             self.tracker.watch(row)
             remaining = max(0.0, (received_ms + ACK_WAIT_MS - self.now_ms()) / 1000)
-            ack_ms = await asyncio.wait_for(asyncio.shield(sent.ack_ms), remaining)
+            async with asyncio.timeout(remaining):  # not wait_for: see gasless.workers.wait_event
+                ack_ms = await asyncio.shield(sent.ack_ms)
         except (TimeoutError, Exception):  # noqa: BLE001 - after the commit point nothing may fail the answer
             ack_ms = None
         if ack_ms is not None:

@@ -21,6 +21,7 @@ from gasless.chain.abi import decode_outputs, encode_args, load_billing_abi
 from gasless.chain.gateway import GatewayClient
 from gasless.settlement.owner_tx import OWNER_GAS, OwnerCallError, OwnerTransactor
 from gasless.settlement.repository import BuiltBatch, SettlementRepository
+from gasless.workers import wait_event
 
 log = structlog.get_logger("gasless.settlement")
 
@@ -87,8 +88,7 @@ class SettlementWorker:
                 raise
             except Exception as exc:  # noqa: BLE001 - retried next tick
                 log.warning("settlement.tick_failed", error=str(exc), error_type=type(exc).__name__)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.tick_ms / 1000)
+            await wait_event(self._wake, self.tick_ms / 1000)
 
     async def tick(self, *, force: bool = False) -> int | None:
         """Finish unfinished batches; build a new one when due (or forced). Returns a new batch's id."""

@@ -28,6 +28,7 @@ from gasless.webhooks.repository import DeliveryRow, WebhookRepository
 from gasless.webhooks.service import LOG_RETENTION_MS, WebhookService
 from gasless.webhooks.signing import SIGNATURE_HEADER, signature_header
 from gasless.webhooks.ssrf import HTTPS_PORT, GuardedResolver, TargetRefused, UrlRefused
+from gasless.workers import wait_event
 
 log = structlog.get_logger("gasless.webhooks.delivery")
 
@@ -110,8 +111,7 @@ class Dispatcher:
                 claimed = []
             if len(claimed) < CLAIM_BATCH:
                 self.service.wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.service.wake.wait(), self.poll_ms / 1000)
+                await wait_event(self.service.wake, self.poll_ms / 1000)
 
     async def send_test(self, account: str, webhook_id: str) -> DeliveryRow | None:
         """Queue a `webhook.test` delivery claimed by this worker and attempt it now (the test route)."""
@@ -247,7 +247,8 @@ class IntentRecorder:
     async def stop(self) -> None:
         # Write what was already observed before stopping (a clean shutdown loses nothing).
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._drain(), 2.0)
+            async with asyncio.timeout(2.0):  # not wait_for: see gasless.workers.wait_event
+                await self._drain()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -17,6 +17,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db import begin_write, dialect_insert
+from gasless.db.engine import run_read
 from gasless.db.tables import webhook_deliveries, webhooks
 
 
@@ -186,6 +187,11 @@ class WebhookRepository:
 
     async def claim_due(self, *, worker: str, now_ms: int, lease_ms: int, limit: int) -> list[DeliveryRow]:
         """Claim up to `limit` due deliveries for one attempt each."""
+        # Every host polls this each second, and nearly always nothing is due: a read says so without a
+        # write transaction (on SQLite one would take the one writer from the commit points every poll).
+        probe = select(webhook_deliveries.c.delivery_id).where(*self._claimable(now_ms)).limit(1)
+        if await run_read(self.engine, lambda conn: conn.execute(probe).first()) is None:
+            return []
         async with begin_write(self.engine) as conn:
             due = (
                 select(webhook_deliveries.c.delivery_id)

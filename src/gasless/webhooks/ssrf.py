@@ -156,7 +156,10 @@ class AddressPolicy:
 
     async def resolve(self, target: Target) -> list[IPAddress]:
         try:
-            found = await asyncio.wait_for(self.lookup(target.host, target.port), 5.0)
+            async with asyncio.timeout(
+                5.0
+            ):  # not wait_for: it can lose the delivery loop's stop (wait_event)
+                found = await self.lookup(target.host, target.port)
         except (OSError, TimeoutError, UnicodeError):
             raise UrlRefused("dns", f"{target.host} does not resolve") from None
         addresses = [ipaddress.ip_address(a.split("%", 1)[0]) for a in found]

@@ -1,0 +1,112 @@
+"""A background loop stops on one cancel(), whenever it comes: `gasless.workers.wait_event`.
+
+Every worker of a host (the tracker, the polling loops, the settlement and webhook workers, the singleton
+runner) waits for its wake-up event between ticks, and a host's stop cancels each once. On Python 3.11,
+`asyncio.wait_for(event.wait(), timeout)` loses a cancellation that comes within a few loop iterations of the
+event being set: the loop then ran on for good and the host's stop hung (a test's shutdown stuck for 10
+minutes under the suite's load, `gasless up --hosts 2` not stopping on SIGINT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from gasless.workers import PollingLoop, wait_event
+
+Waiter = Callable[[asyncio.Event], Awaitable[object]]
+
+
+async def _through_wait_for(event: asyncio.Event) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), 10)
+
+
+async def _through_wait_event(event: asyncio.Event) -> None:
+    await wait_event(event, 10)
+
+
+async def _survives_one_cancel(waiter: Waiter, iterations: int) -> bool:
+    """A loop waiting through `waiter`: its event is set, and `iterations` later it is cancelled once.
+    Whether it is still running afterwards."""
+    event = asyncio.Event()
+
+    async def loop() -> None:
+        while True:
+            await waiter(event)
+            event.clear()
+
+    task = asyncio.create_task(loop())
+    for _ in range(2):
+        await asyncio.sleep(0)  # the loop waits on its event
+    event.set()
+    for _ in range(iterations):
+        await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.wait({task}, timeout=1)
+    running = not task.done()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return running
+
+
+@pytest.mark.parametrize("iterations", range(6))
+async def test_one_cancel_stops_a_loop_whose_event_was_just_set(iterations: int) -> None:
+    assert not await _survives_one_cancel(_through_wait_event, iterations)
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="asyncio.wait_for keeps cancellations from 3.12 on")
+async def test_wait_for_loses_that_cancel_on_this_python() -> None:
+    """Why the service never waits through `asyncio.wait_for` in a loop: here it loses the stop."""
+    lost = [await _survives_one_cancel(_through_wait_for, iterations) for iterations in range(6)]
+    assert any(lost), lost
+
+
+async def test_wait_event_says_whether_the_event_came() -> None:
+    event = asyncio.Event()
+    assert await wait_event(event, 0.01) is False
+    asyncio.get_running_loop().call_soon(event.set)
+    assert await wait_event(event, 10) is True
+
+
+async def test_a_polling_loop_stops_while_woken() -> None:
+    """A PollingLoop woken as it is stopped (its tick ran just now) stops, and ticks no more."""
+    ticks: list[int] = []
+    wake = asyncio.Event()
+
+    async def tick() -> bool:
+        ticks.append(1)
+        return False
+
+    loop = PollingLoop("test", tick, poll_ms=60_000, wake=wake)
+    loop.start()
+    while not ticks:
+        await asyncio.sleep(0)
+    wake.set()
+    async with asyncio.timeout(10):
+        await loop.stop()
+    count = len(ticks)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert len(ticks) == count
+
+
+def test_the_service_never_waits_through_wait_for() -> None:
+    """Every wait with a timeout in the service goes through `wait_event` or `asyncio.timeout`."""
+    from pathlib import Path
+
+    import gasless
+
+    root = Path(gasless.__file__).parent
+    found = [
+        f"{path.relative_to(root)}:{number}"
+        for path in sorted(root.rglob("*.py"))
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "asyncio.wait_for(" in line
+    ]
+    assert found == [], found
