@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from gasless.workers import PollingLoop, wait_event
+from gasless.workers import PollingLoop, cancel_and_wait, wait_event
 
 Waiter = Callable[[asyncio.Event], Awaitable[object]]
 
@@ -94,6 +94,66 @@ async def test_a_polling_loop_stops_while_woken() -> None:
     for _ in range(5):
         await asyncio.sleep(0)
     assert len(ticks) == count
+
+
+async def test_cancel_and_wait_passes_on_the_callers_own_cancellation() -> None:
+    """A caller cancelled while it waits for a worker it cancelled ends cancelled, never returns."""
+    ending = asyncio.Event()
+
+    async def slow_to_end() -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            await ending.wait()  # a worker finishing its last write before it ends
+            raise
+
+    worker = asyncio.create_task(slow_to_end())
+    await asyncio.sleep(0)
+
+    async def caller() -> str:
+        await cancel_and_wait(worker)
+        return "returned"
+
+    stopping = asyncio.create_task(caller())
+    for _ in range(3):
+        await asyncio.sleep(0)  # the caller waits for the worker to end
+    stopping.cancel()
+    ending.set()
+    await asyncio.wait({stopping}, timeout=5)
+    assert stopping.cancelled()
+    assert worker.cancelled()
+
+
+async def test_a_loop_cancelled_while_it_stops_a_polling_loop_ends() -> None:
+    """The singleton runner's case: after a lost lock it stops its roles' workers, and the host's stop
+    cancels it right then. `PollingLoop.stop` swallowed that cancellation, and the runner went on for good."""
+    ticking = asyncio.Event()
+
+    async def slow_tick() -> bool:
+        ticking.set()
+        await asyncio.sleep(3600)  # a tick that outlasts the stop's grace
+        return False
+
+    worker = PollingLoop("role", slow_tick, poll_ms=60_000, grace_s=3600)
+
+    async def runner() -> None:
+        while True:
+            worker.start()
+            await ticking.wait()
+            ticking.clear()
+            with contextlib.suppress(Exception):
+                await worker.stop()  # cancelled here
+
+    task = asyncio.create_task(runner())
+    await ticking.wait()
+    for _ in range(3):
+        await asyncio.sleep(0)  # the runner waits in the worker's stop
+    task.cancel()
+    await asyncio.wait({task}, timeout=5)
+    running = not task.done()
+    if running:  # clean up the loop that would not stop
+        task.cancel()
+    assert not running, "the runner went on after its cancellation"
 
 
 def test_the_service_never_waits_through_wait_for() -> None:

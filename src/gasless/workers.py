@@ -9,12 +9,29 @@ on); a tick still running after `grace_s` is cancelled.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 
 import structlog
 
 log = structlog.get_logger("gasless.workers")
+
+
+async def cancel_and_wait(task: asyncio.Task[object]) -> None:
+    """Cancel `task` and wait until it ended; its own cancellation is expected, the caller's is passed on.
+
+    Not `task.cancel()` then `with suppress(CancelledError): await task`: when the caller is itself being
+    cancelled meanwhile (a host's stop, cancelling a loop that is stopping one of its workers), that swallows
+    the caller's cancellation too, and a loop stopped by one `cancel()` runs on for good. Seen: the
+    singleton runner, cancelled while it stopped a role's worker after its lock connection failed, went on
+    retrying, and the host's stop waited for it for good.
+    """
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
@@ -67,10 +84,11 @@ class PollingLoop:
         try:
             async with asyncio.timeout(self.grace_s):  # not wait_for: see wait_event
                 await asyncio.shield(task)
-        except (TimeoutError, asyncio.CancelledError):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        except TimeoutError:
+            await cancel_and_wait(task)
+        except asyncio.CancelledError:
+            task.cancel()  # the caller is cancelled: the tick is cut short, and the caller's stop goes on
+            raise
 
     async def _run(self) -> None:
         while not self._stopping:

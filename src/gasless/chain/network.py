@@ -7,7 +7,6 @@ hashes for native auth, how far our clock is from the chain's) is read from here
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import time
 from collections import deque
@@ -21,6 +20,7 @@ import structlog
 from gasless.chain.addresses import METACHAIN
 from gasless.chain.gas import GasRules
 from gasless.chain.gateway import GatewayClient, GatewayUnavailable
+from gasless.workers import cancel_and_wait
 
 MIN_POLL_MS = 50
 # How long after a round starts the aligned poll reads the statuses: the block of that round is proposed at
@@ -226,9 +226,7 @@ class NetworkView:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     @property
     def ready(self) -> bool:

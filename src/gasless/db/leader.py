@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import structlog
 from sqlalchemy.engine import make_url
 
-from gasless.workers import wait_event
+from gasless.workers import cancel_and_wait, wait_event
 
 log = structlog.get_logger("gasless.leader")
 
@@ -110,9 +110,7 @@ class SingletonRunner:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         await self._release_all()
         await self._close()

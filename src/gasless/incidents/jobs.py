@@ -26,6 +26,7 @@ from gasless.http.pages import CursorCodec
 from gasless.incidents.repository import IncidentRepository
 from gasless.incidents.schemas import Incident
 from gasless.incidents.service import PLATFORM_ADMISSION, AutomaticKind, IncidentService, to_incident
+from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.incidents")
 
@@ -74,9 +75,7 @@ class IncidentWatch:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def _run(self) -> None:
         while True:

@@ -8,7 +8,6 @@ The chain is saved under `<data_dir>/chain/` (`gasless.localnet.persist`): at st
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from gasless.localnet.chain import ChainConfig, LocalChain
 from gasless.localnet.gateway import CHAIN_KEY, add_routes
 from gasless.localnet.genesis import Genesis, apply_genesis, genesis_facts, resume_genesis
 from gasless.localnet.persist import ChainStore, SavedChainError, config_difference
-from gasless.workers import wait_event
+from gasless.workers import cancel_and_wait, wait_event
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # send-multiple batches can be large
 SNAPSHOT_INTERVAL_S = 5.0
@@ -170,9 +169,9 @@ class Localnet:
         for task in (self._persist_task, self._round_task):
             if task is not None and not task.done():
                 if task is self._round_task:
-                    task.cancel()  # the snapshot task ends by itself: never cut a write short
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                    await cancel_and_wait(task)
+                else:
+                    await task  # the snapshot task ends by itself: never cut a write short
         self._persist_task = self._round_task = None
         for runner in self._runners:
             await runner.cleanup()

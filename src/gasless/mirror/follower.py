@@ -15,7 +15,6 @@ changed, and at start-up; the timeline and the authorised-sender order come from
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -27,6 +26,7 @@ from gasless.chain.addresses import METACHAIN, parse_address
 from gasless.chain.gateway import GatewayClient
 from gasless.mirror.events import ContractEvent, decode_transaction_events, plain
 from gasless.mirror.repository import MirrorRepository, MirrorStep
+from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.mirror")
 
@@ -98,9 +98,7 @@ class MirrorFollower:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     async def wait_for(self, hyperblock_nonce: int, timeout_s: float = 10.0) -> bool:
         """Wait until the mirror applied `hyperblock_nonce` (True) or the timeout passed (False)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -24,7 +23,7 @@ from gasless.chain.network import NetworkView
 from gasless.db import intents
 from gasless.relay.events import IntentBus
 from gasless.relay.repository import IN_FLIGHT, IntentRepository, Rec
-from gasless.workers import wait_event
+from gasless.workers import cancel_and_wait, wait_event
 
 log = structlog.get_logger("gasless.relay.jobs")
 
@@ -136,9 +135,7 @@ class Worker:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def _loop(self) -> None:
         raise NotImplementedError

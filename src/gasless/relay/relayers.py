@@ -8,7 +8,6 @@ in-memory copy.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import time
 from collections.abc import Awaitable, Callable
@@ -21,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gasless.chain.gateway import GatewayClient
 from gasless.db import begin_write, dialect_insert, relayer_state_history, relayers
 from gasless.signer import RelayerKey
+from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.relayers")
 
@@ -65,9 +65,7 @@ class RelayerPool:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def _register_keys(self) -> None:
         now = int(time.time() * 1000)

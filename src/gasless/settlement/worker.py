@@ -11,7 +11,6 @@ event is final. A batch left `built` or `submitted` by a crash or a failed trans
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from typing import Any
 
@@ -21,7 +20,7 @@ from gasless.chain.abi import decode_outputs, encode_args, load_billing_abi
 from gasless.chain.gateway import GatewayClient
 from gasless.settlement.owner_tx import OWNER_GAS, OwnerCallError, OwnerTransactor
 from gasless.settlement.repository import BuiltBatch, SettlementRepository
-from gasless.workers import wait_event
+from gasless.workers import cancel_and_wait, wait_event
 
 log = structlog.get_logger("gasless.settlement")
 
@@ -64,9 +63,7 @@ class SettlementWorker:
     async def stop(self) -> None:
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait(task)
 
     def settle_now(self) -> None:
         """Build and submit the next batch at once (operator command)."""

@@ -10,7 +10,6 @@ takes the identity over only after the previous claim expired.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Callable
@@ -21,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db import begin_write, signer_fences
 from gasless.signer.base import RelayerKey, Signer, SignerFenced
+from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.signer")
 
@@ -60,9 +60,7 @@ class FencedSigner:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def _claim(self) -> bool:
         """Take or renew the claim; False when another live holder has it."""

@@ -14,6 +14,7 @@ from typing import Any
 import structlog
 
 from gasless.http.pages import PageParams, TimeWindow
+from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.status")
 
@@ -44,11 +45,7 @@ class FeedPublisher:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
 
     async def publish(self) -> None:
         document = await self.status.status()

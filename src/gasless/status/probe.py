@@ -24,6 +24,7 @@ from gasless.db.engine import begin_write, dialect_insert
 from gasless.db.tables import service_meta
 from gasless.errors import ApiError
 from gasless.relay.service import RelayMode
+from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.probe")
 
@@ -89,11 +90,7 @@ class Prober:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
 
     async def _loop(self) -> None:
         while True:

@@ -39,6 +39,7 @@ from gasless.db.engine import (
 )
 from gasless.db.tables import latency_rollups, usage_ledger
 from gasless.relay.intents import latency
+from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.rollups")
 
@@ -480,11 +481,7 @@ class LatencyRollup:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
+            await cancel_and_wait(self._task)
         if self.merger is not None:
             self.merger.close()
 

@@ -28,7 +28,7 @@ from gasless.webhooks.repository import DeliveryRow, WebhookRepository
 from gasless.webhooks.service import LOG_RETENTION_MS, WebhookService
 from gasless.webhooks.signing import SIGNATURE_HEADER, signature_header
 from gasless.webhooks.ssrf import HTTPS_PORT, GuardedResolver, TargetRefused, UrlRefused
-from gasless.workers import wait_event
+from gasless.workers import cancel_and_wait, wait_event
 
 log = structlog.get_logger("gasless.webhooks.delivery")
 
@@ -79,9 +79,7 @@ class Dispatcher:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         for task in list(self._inflight):
             task.cancel()
@@ -250,9 +248,7 @@ class IntentRecorder:
             async with asyncio.timeout(2.0):  # not wait_for: see gasless.workers.wait_event
                 await self._drain()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def _drain(self) -> None:
         while not self._queue.empty():
@@ -287,9 +283,7 @@ class DeliveryRetention:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:
