@@ -124,6 +124,26 @@ async def test_cancel_and_wait_passes_on_the_callers_own_cancellation() -> None:
     assert worker.cancelled()
 
 
+async def test_a_stop_in_a_finally_after_a_cancel_runs_to_its_end() -> None:
+    """`gasless up` after SIGINT: cancelled, it stops localnet in a `finally` (its round task, then the
+    chain saved); that cancellation came before the stop and must not cut the stop short."""
+    saved: list[bool] = []
+    rounds = asyncio.create_task(asyncio.sleep(3600))
+
+    async def up() -> None:
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            await cancel_and_wait(rounds)
+            saved.append(True)
+
+    task = asyncio.create_task(up())
+    await asyncio.sleep(0)
+    task.cancel()
+    await asyncio.wait({task}, timeout=5)
+    assert task.cancelled() and saved == [True]
+
+
 async def test_a_loop_cancelled_while_it_stops_a_polling_loop_ends() -> None:
     """The singleton runner's case: after a lost lock it stops its roles' workers, and the host's stop
     cancels it right then. `PollingLoop.stop` swallowed that cancellation, and the runner went on for good."""

@@ -25,12 +25,15 @@ async def cancel_and_wait(task: asyncio.Task[object]) -> None:
     singleton runner, cancelled while it stopped a role's worker after its lock connection failed, went on
     retrying, and the host's stop waited for it for good.
     """
+    current = asyncio.current_task()
+    # Cancellations the caller had already received (a stop in a `finally` after a signal) are not news:
+    # only one requested while it waits here is passed on.
+    before = current.cancelling() if current is not None else 0
     task.cancel()
     try:
         await task
     except asyncio.CancelledError:
-        current = asyncio.current_task()
-        if current is not None and current.cancelling():
+        if current is not None and current.cancelling() > before:
             raise
 
 
@@ -81,14 +84,18 @@ class PollingLoop:
             return
         self._stopping = True
         self.wake.set()
+        current = asyncio.current_task()
+        before = current.cancelling() if current is not None else 0
         try:
             async with asyncio.timeout(self.grace_s):  # not wait_for: see wait_event
                 await asyncio.shield(task)
         except TimeoutError:
             await cancel_and_wait(task)
         except asyncio.CancelledError:
-            task.cancel()  # the caller is cancelled: the tick is cut short, and the caller's stop goes on
-            raise
+            if current is not None and current.cancelling() > before:
+                task.cancel()  # the caller is cancelled: the tick is cut short, the caller's stop goes on
+                raise
+            await cancel_and_wait(task)  # the loop's task was cancelled by someone else
 
     async def _run(self) -> None:
         while not self._stopping:
