@@ -45,6 +45,17 @@ def best_us(work: Callable[[], Any], count: int) -> float:
     return best / count * 1e6
 
 
+async def best_us_async(work: Callable[[], Any], count: int) -> float:
+    """`best_us` for a coroutine function, awaited `count` times a repetition."""
+    best = float("inf")
+    for _ in range(REPEATS):
+        started = time.process_time()
+        for _ in range(count):
+            await work()
+        best = min(best, time.process_time() - started)
+    return best / count * 1e6
+
+
 def bench_sign() -> None:
     from multiversx_sdk import UserSecretKey
 
@@ -121,13 +132,7 @@ def bench_read() -> None:
         for name, read in paths.items():
             for _ in range(200):  # warm: connections made, statements compiled
                 await read()
-            best = float("inf")
-            for _ in range(REPEATS):
-                started = time.process_time()
-                for _ in range(1000):
-                    await read()
-                best = min(best, time.process_time() - started)
-            print(f"read: {name} {best / 1000 * 1e6:.0f} us")
+            print(f"read: {name} {await best_us_async(read, 1000):.0f} us")
         await engine.dispose()
 
     asyncio.run(main())
@@ -193,13 +198,8 @@ def bench_gateway() -> None:
                     ("GET /address/{address}", lambda: gateway.account(address)),
                     ("GET /transaction/pool", lambda: gateway.pool_for_sender(address)),
                 ):
-                    best = float("inf")
-                    for _ in range(REPEATS):
-                        started = time.process_time()
-                        for _ in range(400):
-                            await call()
-                        best = min(best, time.process_time() - started)
-                    print(f"gateway: {label} {best / 400 * 1e6:.0f} us of client CPU a request")
+                    cost = await best_us_async(call, 400)
+                    print(f"gateway: {label} {cost:.0f} us of client CPU a request")
 
         uvloop.run(main())
     finally:
