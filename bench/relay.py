@@ -525,6 +525,31 @@ async def chain_floor_rounds(
     }
 
 
+async def gateway_requests(session: aiohttp.ClientSession, gateway: str) -> dict[str, int] | None:
+    """The requests localnet's gateway has received, by route (None from a build without the count)."""
+    async with session.get(f"{gateway}/localnet/requests") as resp:
+        if resp.status != 200:
+            return None
+        return dict((await resp.json())["data"]["requests"])
+
+
+def requests_per_relay(
+    before: dict[str, int] | None, after: dict[str, int] | None, relays: int
+) -> dict[str, float] | None:
+    if before is None or after is None or not relays:
+        return None
+    spent = {route: count - before.get(route, 0) for route, count in after.items()}
+    return {route: round(count / relays, 3) for route, count in sorted(spent.items()) if count}
+
+
+def print_requests(label: str, per_relay: dict[str, float] | None) -> None:
+    if per_relay is None:
+        console.print(f"{label}: gateway requests not counted by this build's localnet")
+        return
+    parts = ", ".join(f"{route} {count:.2f}" for route, count in per_relay.items())
+    console.print(f"{label}: gateway requests per relay {sum(per_relay.values()):.2f} ({parts})")
+
+
 async def run(
     args: argparse.Namespace, data_dir: Path, *, unbilled: bool = False, rollups: bool = True
 ) -> dict[str, Any]:
@@ -617,21 +642,31 @@ async def run(
             floor_instructions = floor_counter.total / args.floor_count if floor_counter.total else None
             # Warm-up, then the maximum: closed loop at high concurrency.
             with console.status(f"max throughput: {len(first)} relays at concurrency {args.concurrency}"):
+                counted = await gateway_requests(session, gateway)
                 elapsed, results, cpu_used, instructions = await measured_phase(
                     api_procs, post_all(session, first, args.concurrency, None)
                 )
+                requests_max = requests_per_relay(
+                    counted, await gateway_requests(session, gateway), len(first)
+                )
             top = summarize("max (closed loop)", elapsed, results)
             add_costs(top, cpu_used, instructions)
+            top["gateway_requests_per_relay"] = requests_max
             await asyncio.sleep(max(2.0, 4 * args.round_ms / 1000))  # let the first set settle
             with console.status("pre-signing the paced run"):
                 second = await prepare(session, apis, senders, args.per_sender, args.per_sender)
             rate = top["relays_per_s"] * args.paced_share
             with console.status(f"paced at {rate:.0f}/s ({args.paced_share:.0%} of max)"):
+                counted = await gateway_requests(session, gateway)
                 elapsed, results, cpu_used, instructions = await measured_phase(
                     api_procs, post_all(session, second, args.concurrency, rate)
                 )
+                requests_paced = requests_per_relay(
+                    counted, await gateway_requests(session, gateway), len(second)
+                )
             paced = summarize(f"paced at {args.paced_share:.0%} of max", elapsed, results)
             add_costs(paced, cpu_used, instructions)
+            paced["gateway_requests_per_relay"] = requests_paced
             with console.status("reading the paced relays' roundsToInclusion back"):
                 paced["inclusion"] = await inclusion_rounds(
                     database_url or f"sqlite+aiosqlite:///{(data_dir / 'gasless.db').as_posix()}",
@@ -730,6 +765,9 @@ async def run(
     console.print(
         f"idle API process: {idle_cpu_ms_per_s:.0f} ms of CPU per s (its polls and background jobs)"
     )
+    # Counted over each phase's window: the API's own requests (checks, sends, tracking, polls).
+    print_requests("max", top["gateway_requests_per_relay"])
+    print_requests("paced", paced["gateway_requests_per_relay"])
     result = {
         "idle_cpu_ms_per_s": idle_cpu_ms_per_s,
         "mode": mode,

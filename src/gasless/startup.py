@@ -447,6 +447,8 @@ async def stop_relay_core(state: HostState) -> None:
                 await part.stop()
     if state.broadcaster is not None:
         await state.broadcaster.drain(2.0)
+    if state.gateway is not None:
+        await state.gateway.aclose()  # sends still under way end as failures: the next start re-sends them
 
 
 async def start_webhooks(state: HostState, settings: Settings) -> None:

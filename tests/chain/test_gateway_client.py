@@ -237,3 +237,101 @@ async def test_broadcast_of_a_bad_tx_reports_the_node_error(localnet_two_gateway
     assert not ack.ok
     assert (ack.status, ack.error) == (400, "transaction generation failed: ed25519: invalid signature")
     assert all(r.error == ack.error for r in await sent.results)
+
+
+# Sends that wait for their gateway leave together --------------------------------------------------------
+@pytest.fixture
+async def counted() -> AsyncIterator[tuple[aiohttp.ClientSession, list[str]]]:
+    """A session that records the path of every request it makes."""
+    paths: list[str] = []
+
+    async def on_start(_s: Any, _ctx: Any, params: aiohttp.TraceRequestStartParams) -> None:
+        paths.append(params.url.path)
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_start.append(on_start)
+    async with aiohttp.ClientSession(trace_configs=[trace]) as s:
+        yield s, paths
+
+
+async def until_requested(paths: list[str], count: int) -> None:
+    async with asyncio.timeout(5):
+        while len(paths) < count:
+            await asyncio.sleep(0.001)
+
+
+async def test_a_lone_send_leaves_at_once_as_a_single_send(localnet, counted) -> None:  # type: ignore[no-untyped-def]
+    session, paths = counted
+    client = GatewayClient(session, [localnet.url])
+    wire = relayed_wire(localnet)
+    ack = await client.broadcast(wire).first_ack
+    assert ack.ok and ack.tx_hash == expected_hash(wire)
+    assert paths == ["/transaction/send"]
+
+
+async def test_sends_waiting_for_a_busy_gateway_leave_in_one_send_multiple(localnet, counted) -> None:  # type: ignore[no-untyped-def]
+    session, paths = counted
+    # Every send takes 300 ms: the first is in flight while the other nine arrive.
+    await set_faults(session, localnet.url, {"gateway": {"latencyMs": {"/transaction/send": 300}}})
+    paths.clear()
+    client = GatewayClient(session, [localnet.url])
+    wires = [relayed_wire(localnet, nonce=n) for n in range(10)]
+    sent = [client.broadcast(wires[0])]
+    await until_requested(paths, 1)
+    sent += [client.broadcast(w) for w in wires[1:]]
+    acks = [await s.first_ack for s in sent]
+    assert [a.tx_hash for a in acks] == [expected_hash(w) for w in wires]
+    assert paths == ["/transaction/send", "/transaction/send-multiple"]
+    # The node took all ten: each is known by its hash.
+    for wire in wires:
+        assert await client.transaction(expected_hash(wire)) is not None
+
+
+async def test_a_refused_transaction_in_a_batch_gets_the_node_error(localnet, counted) -> None:  # type: ignore[no-untyped-def]
+    session, paths = counted
+    await set_faults(session, localnet.url, {"gateway": {"latencyMs": {"/transaction/send": 300}}})
+    paths.clear()
+    client = GatewayClient(session, [localnet.url])
+    good = [relayed_wire(localnet, nonce=n) for n in range(3)]
+    bad = {**relayed_wire(localnet, nonce=3), "signature": "00" * 64}
+    sent = [client.broadcast(good[0])]
+    await until_requested(paths, 1)
+    sent += [client.broadcast(w) for w in [*good[1:], bad]]
+    acks = [await s.first_ack for s in sent]
+    assert [a.tx_hash for a in acks[:3]] == [expected_hash(w) for w in good]
+    # The gateway skips it silently in the batch; sent alone, the node says why.
+    assert (acks[3].ok, acks[3].status) == (False, 400)
+    assert acks[3].error == "transaction generation failed: ed25519: invalid signature"
+    assert paths == ["/transaction/send", "/transaction/send-multiple", "/transaction/send"]
+
+
+async def test_a_batch_to_a_gateway_that_went_down_fails_every_send(localnet, counted) -> None:  # type: ignore[no-untyped-def]
+    session, paths = counted
+    await set_faults(session, localnet.url, {"gateway": {"latencyMs": {"/transaction/send": 300}}})
+    client = GatewayClient(session, [localnet.url])
+    paths.clear()
+    first = client.broadcast(relayed_wire(localnet, nonce=0))
+    await until_requested(paths, 1)
+    rest = [client.broadcast(relayed_wire(localnet, nonce=n)) for n in range(1, 4)]
+    await set_faults(session, localnet.url, {"gateway": {"down": True}})  # while the first is under way
+    assert (await first.first_ack).ok  # it was in before the gateway went down
+    for s in rest:
+        ack = await s.first_ack
+        assert (ack.ok, ack.status, ack.error) == (False, 503, "gateway unavailable")
+    assert paths[-1] == "/transaction/send-multiple"
+
+
+async def test_closing_the_client_resolves_every_waiting_send(localnet, counted) -> None:  # type: ignore[no-untyped-def]
+    session, paths = counted
+    await set_faults(session, localnet.url, {"gateway": {"latencyMs": {"/transaction/send": 5_000}}})
+    client = GatewayClient(session, [localnet.url], timeout_ms=10_000)
+    paths.clear()
+    sent = [client.broadcast(relayed_wire(localnet, nonce=0))]
+    await until_requested(paths, 1)  # the first request is under way, the others wait behind it
+    sent += [client.broadcast(relayed_wire(localnet, nonce=n)) for n in range(1, 3)]
+    async with asyncio.timeout(2):  # far less than the gateway's 5 s: nothing waits for it
+        await client.aclose()
+        acks = [await s.first_ack for s in sent]
+        await asyncio.gather(*(s.results for s in sent))
+    assert not any(a.ok for a in acks)
+    assert {a.error for a in acks[1:]} == {"gateway client closed"}

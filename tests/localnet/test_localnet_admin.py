@@ -209,3 +209,20 @@ def test_gateway_jitter_answers_concurrent_requests_out_of_order(localnet) -> No
     finally:
         requests.delete(f"{localnet.url}/localnet/faults", timeout=5)
     assert sorted(finished) == list(range(10)) and finished != list(range(10)), finished
+
+
+def test_requests_are_counted_by_route_and_per_gateway(localnet_two_gateways) -> None:  # type: ignore[no-untyped-def]
+    first, second = localnet_two_gateways.urls
+    user = users(localnet_two_gateways)[1].address.to_bech32()
+    for _ in range(3):
+        assert requests.get(f"{first}/address/{user}", timeout=10).status_code == 200
+    assert requests.get(f"{first}/network/config", timeout=10).status_code == 200
+    requests.get(f"{first}/localnet/info", timeout=10)  # admin calls are not counted
+
+    def counted(url: str) -> dict:
+        response = requests.get(f"{url}/localnet/requests", timeout=10)
+        assert response.status_code == 200, response.text
+        return response.json()["data"]["requests"]
+
+    assert counted(first) == {"GET /address/{address}": 3, "GET /network/config": 1}
+    assert counted(second) == {}

@@ -7,6 +7,9 @@ gateway onto the same network would say the same.
 
 Sends are different: a transaction is broadcast to every gateway at once (the hash is the same everywhere,
 so duplicates are harmless), and the caller gets the first acknowledgement as soon as any gateway gives it.
+Each gateway has one send in flight at a time; the sends that arrive meanwhile leave together, in one
+`send-multiple`, when it ends. At low load a send leaves at once; under load a relay costs a fraction of a
+request (a request's CPU is mostly the kernel's TCP, on both ends: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -24,6 +27,11 @@ import aiohttp
 from gasless.chain.addresses import METACHAIN
 
 SEND_PATH = "/transaction/send"
+SEND_MULTIPLE_PATH = "/transaction/send-multiple"
+MAX_SEND_BATCH = 100  # transactions in one send-multiple
+# Requests to one gateway at once: the first, and more only while a full batch is waiting (a slow gateway
+# must not hold a growing queue behind one request).
+MAX_SENDS_IN_FLIGHT = 8
 
 # 5xx answers whose text comes from the node (proxy `api/errors`, node `transactionAPI`): final answers.
 _NODE_MESSAGE_MARKERS = (
@@ -74,6 +82,13 @@ class Broadcast:
 
 
 @dataclass(frozen=True)
+class _PendingSend:
+    wire: Mapping[str, Any]
+    result: asyncio.Future[SendResult]
+    queued_at: float  # perf_counter() when the caller asked: elapsed_ms counts the wait too
+
+
+@dataclass(frozen=True)
 class _Answer:
     """One gateway's HTTP answer, classified."""
 
@@ -81,6 +96,17 @@ class _Answer:
     data: Any = None
     message: str = ""
     status: int | None = None
+
+
+def _resolve(pending: _PendingSend, result: SendResult) -> None:
+    if not pending.result.done():  # the caller may have given up (cancelled) meanwhile
+        pending.result.set_result(result)
+
+
+def _fail_all(batch: Sequence[_PendingSend], url: str, message: str) -> None:
+    now = time.perf_counter()
+    for p in batch:
+        _resolve(p, SendResult(url, None, message, None, (now - p.queued_at) * 1000))
 
 
 def _is_node_message(message: str) -> bool:
@@ -127,6 +153,9 @@ class GatewayClient:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
         self._preferred = 0  # index of the gateway that answered last: reads start there
+        self._queues: dict[str, list[_PendingSend]] = {}  # sends waiting for their gateway, by URL
+        self._runners: dict[str, set[asyncio.Task[None]]] = {}  # requests under way, by URL
+        self._closed = False
         # Called with (gateway URL, kind) for every answer that is not the node speaking (metrics).
         self.on_failure: Callable[[str, str], None] | None = None
 
@@ -196,8 +225,8 @@ class GatewayClient:
         return await self._call("POST", path, params, body)
 
     # Broadcast ------------------------------------------------------------------------------------------
-    async def _send(self, url: str, wire: Mapping[str, Any]) -> SendResult:
-        started = time.perf_counter()
+    async def _send(self, url: str, wire: Mapping[str, Any], started: float | None = None) -> SendResult:
+        started = time.perf_counter() if started is None else started
         answer = await self._request("POST", url, SEND_PATH, None, dict(wire))
         elapsed = (time.perf_counter() - started) * 1000
         if answer.kind == "ok":
@@ -206,6 +235,74 @@ class GatewayClient:
                 return SendResult(url, tx_hash, None, answer.status, elapsed)
             return SendResult(url, None, "acknowledgement without txHash", answer.status, elapsed)
         return SendResult(url, None, answer.message, answer.status, elapsed)
+
+    def _submit(self, url: str, wire: Mapping[str, Any]) -> asyncio.Future[SendResult]:
+        """Queue one send to one gateway; its future always gets a SendResult (failures included)."""
+        pending = _PendingSend(wire, asyncio.get_running_loop().create_future(), time.perf_counter())
+        if self._closed:
+            _fail_all([pending], url, "gateway client closed")
+            return pending.result
+        queue = self._queues.setdefault(url, [])
+        queue.append(pending)
+        running = self._runners.setdefault(url, set())
+        # done(), not membership: a runner that just emptied the queue is done before its callback runs.
+        active = sum(1 for task in running if not task.done())
+        if not active or (active < MAX_SENDS_IN_FLIGHT and len(queue) >= MAX_SEND_BATCH):
+            task = asyncio.get_running_loop().create_task(self._run_sends(url), name="gateway-sends")
+            running.add(task)
+            task.add_done_callback(running.discard)
+        return pending.result
+
+    async def _run_sends(self, url: str) -> None:
+        """Send what waits for `url`, a batch at a time, until nothing does."""
+        queue = self._queues[url]
+        while queue:
+            batch, queue[:MAX_SEND_BATCH] = queue[:MAX_SEND_BATCH], []
+            try:
+                await self._send_batch(url, batch)
+            except BaseException as exc:  # cancelled (client closed) or a bug: nobody may wait for good
+                _fail_all(batch, url, f"{type(exc).__name__}: send abandoned")
+                raise
+
+    async def _send_batch(self, url: str, batch: list[_PendingSend]) -> None:
+        if len(batch) == 1:
+            _resolve(batch[0], await self._send(url, batch[0].wire, batch[0].queued_at))
+            return
+        answer = await self._request("POST", url, SEND_MULTIPLE_PATH, None, [dict(p.wire) for p in batch])
+        if answer.kind == "retry":  # the gateway did not answer: as a failed single send would report
+            now = time.perf_counter()
+            for p in batch:
+                _resolve(p, SendResult(url, None, answer.message, answer.status, (now - p.queued_at) * 1000))
+            return
+        hashes = (
+            answer.data.get("txsHashes") if answer.kind == "ok" and isinstance(answer.data, dict) else None
+        )
+        left: list[_PendingSend] = []
+        now = time.perf_counter()
+        for index, p in enumerate(batch):
+            tx_hash = hashes.get(str(index)) if isinstance(hashes, dict) else None
+            if isinstance(tx_hash, str) and tx_hash:
+                _resolve(p, SendResult(url, tx_hash, None, answer.status, (now - p.queued_at) * 1000))
+            else:
+                left.append(p)
+        # The gateway skips a transaction it refuses without saying why: sent alone, the node says why.
+        if left:
+            results = await asyncio.gather(*(self._send(url, p.wire, p.queued_at) for p in left))
+            for p, result in zip(left, results, strict=True):
+                _resolve(p, result)
+
+    async def aclose(self) -> None:
+        """Stop sending: sends under way, waiting or asked for later resolve as failures (the next start
+        re-sends what no gateway acknowledged)."""
+        self._closed = True
+        runners = [task for running in self._runners.values() for task in running]
+        for task in runners:
+            task.cancel()
+        if runners:
+            await asyncio.gather(*runners, return_exceptions=True)
+        for url, queue in self._queues.items():
+            _fail_all(queue, url, "gateway client closed")
+            queue.clear()
 
     def broadcast(self, wire: Mapping[str, Any]) -> Broadcast:
         """POST /transaction/send to every gateway concurrently; never raises (must run inside a loop)."""
@@ -216,7 +313,7 @@ class GatewayClient:
         async def one(url: str) -> SendResult:
             started = time.perf_counter()
             try:
-                result = await self._send(url, wire)
+                result = await self._submit(url, wire)
             except Exception as exc:  # noqa: BLE001 - a broadcast reports failures, it never raises them
                 elapsed = (time.perf_counter() - started) * 1000
                 result = SendResult(url, None, f"{type(exc).__name__}: {exc}", None, elapsed)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -46,6 +47,8 @@ class GatewayFaults:
 FAULTS_KEY: web.AppKey[GatewayFaults] = web.AppKey("faults", GatewayFaults)
 RNG_KEY: web.AppKey[random.Random] = web.AppKey("rng", random.Random)
 INFO_KEY: web.AppKey[dict[str, Any]] = web.AppKey("info", dict)
+# Requests this gateway received, by method and route ("GET /address/{address}"): what a client costs it.
+REQUESTS_KEY: web.AppKey[Counter[str]] = web.AppKey("requests", Counter)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -54,6 +57,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 async def fault_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     if request.path.startswith(ADMIN_PREFIX):
         return await handler(request)
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else request.path
+    request.app[REQUESTS_KEY][f"{request.method} {route}"] += 1
     faults = request.app[FAULTS_KEY]
     if faults.down:
         return fail("gateway unavailable", status=503)
@@ -289,6 +295,11 @@ async def submissions(request: web.Request) -> web.Response:
     return ok({"txHash": tx_hash, "submissions": request.app[CHAIN_KEY].submissions.get(tx_hash, 0)})
 
 
+async def requests_counted(request: web.Request) -> web.Response:
+    """The requests this gateway received since it started, by method and route (admin calls not counted)."""
+    return ok({"requests": dict(sorted(request.app[REQUESTS_KEY].items()))})
+
+
 async def produce_rounds(request: web.Request) -> web.Response:
     chain = request.app[CHAIN_KEY]
     body = await _body(request)
@@ -311,3 +322,4 @@ def add_admin_routes(app: web.Application) -> None:
     r.add_get("/localnet/snapshot", snapshot)
     r.add_get("/localnet/submissions/{tx_hash}", submissions)
     r.add_post("/localnet/rounds", produce_rounds)
+    r.add_get("/localnet/requests", requests_counted)

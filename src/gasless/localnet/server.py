@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from aiohttp import web
 from gasless.localnet.admin import (
     FAULTS_KEY,
     INFO_KEY,
+    REQUESTS_KEY,
     RNG_KEY,
     GatewayFaults,
     add_admin_routes,
@@ -43,6 +45,7 @@ def build_gateway_app(chain: LocalChain, info: dict[str, Any]) -> web.Applicatio
     app[FAULTS_KEY] = GatewayFaults()
     app[RNG_KEY] = random.Random(0)
     app[INFO_KEY] = info
+    app[REQUESTS_KEY] = Counter()
     add_routes(app)
     add_admin_routes(app)
     return app
