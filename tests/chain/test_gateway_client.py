@@ -12,7 +12,13 @@ from multiversx_sdk import Transaction, TransactionComputer
 
 from gasless.chain.addresses import METACHAIN
 from gasless.chain.codec import tx_hash, tx_to_wire
-from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable, SendResult
+from gasless.chain.gateway import (
+    SENDS_IN_FLIGHT,
+    GatewayClient,
+    GatewayRejected,
+    GatewayUnavailable,
+    SendResult,
+)
 
 computer = TransactionComputer()
 
@@ -285,6 +291,22 @@ async def test_sends_waiting_for_a_busy_gateway_leave_in_one_send_multiple(local
     # The node took all ten: each is known by its hash.
     for wire in wires:
         assert await client.transaction(expected_hash(wire)) is not None
+
+
+async def test_sends_beyond_the_requests_in_flight_wait_and_leave_together(localnet, counted) -> None:  # type: ignore[no-untyped-def]
+    session, paths = counted
+    await set_faults(session, localnet.url, {"gateway": {"latencyMs": {"/transaction/send": 300}}})
+    paths.clear()
+    client = GatewayClient(session, [localnet.url])
+    wires = [relayed_wire(localnet, nonce=n) for n in range(10)]
+    sent = []
+    for count, wire in enumerate(wires[:SENDS_IN_FLIGHT], start=1):  # each leaves alone, at once
+        sent.append(client.broadcast(wire))
+        await until_requested(paths, count)
+    sent += [client.broadcast(w) for w in wires[SENDS_IN_FLIGHT:]]
+    acks = [await s.first_ack for s in sent]
+    assert [a.tx_hash for a in acks] == [expected_hash(w) for w in wires]
+    assert paths == ["/transaction/send"] * SENDS_IN_FLIGHT + ["/transaction/send-multiple"]
 
 
 async def test_a_refused_transaction_in_a_batch_gets_the_node_error(localnet, counted) -> None:  # type: ignore[no-untyped-def]
