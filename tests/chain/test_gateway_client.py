@@ -266,6 +266,15 @@ async def until_requested(paths: list[str], count: int) -> None:
             await asyncio.sleep(0.001)
 
 
+async def slow_sends(
+    session: aiohttp.ClientSession, url: str, paths: list[str], latency_ms: int = 300, **client: Any
+) -> GatewayClient:
+    """A client of a gateway whose every send takes `latency_ms`, with the request log emptied."""
+    await set_faults(session, url, {"gateway": {"latencyMs": {"/transaction/send": latency_ms}}})
+    paths.clear()
+    return GatewayClient(session, [url], **client)
+
+
 async def test_a_lone_send_leaves_at_once_as_a_single_send(localnet, counted) -> None:  # type: ignore[no-untyped-def]
     session, paths = counted
     client = GatewayClient(session, [localnet.url])
@@ -275,12 +284,10 @@ async def test_a_lone_send_leaves_at_once_as_a_single_send(localnet, counted) ->
     assert paths == ["/transaction/send"]
 
 
-async def test_sends_waiting_for_a_busy_gateway_leave_in_one_send_multiple(localnet, counted) -> None:  # type: ignore[no-untyped-def]
+async def test_sends_asked_for_together_leave_in_one_send_multiple(localnet, counted) -> None:  # type: ignore[no-untyped-def]
     session, paths = counted
-    # Every send takes 300 ms: the first is in flight while the other nine arrive.
-    await set_faults(session, localnet.url, {"gateway": {"latencyMs": {"/transaction/send": 300}}})
-    paths.clear()
-    client = GatewayClient(session, [localnet.url])
+    # Every send takes 300 ms: the first is in flight while the other nine are asked for in one turn.
+    client = await slow_sends(session, localnet.url, paths)
     wires = [relayed_wire(localnet, nonce=n) for n in range(10)]
     sent = [client.broadcast(wires[0])]
     await until_requested(paths, 1)
@@ -295,9 +302,7 @@ async def test_sends_waiting_for_a_busy_gateway_leave_in_one_send_multiple(local
 
 async def test_sends_beyond_the_requests_in_flight_wait_and_leave_together(localnet, counted) -> None:  # type: ignore[no-untyped-def]
     session, paths = counted
-    await set_faults(session, localnet.url, {"gateway": {"latencyMs": {"/transaction/send": 300}}})
-    paths.clear()
-    client = GatewayClient(session, [localnet.url])
+    client = await slow_sends(session, localnet.url, paths)
     wires = [relayed_wire(localnet, nonce=n) for n in range(10)]
     sent = []
     for count, wire in enumerate(wires[:SENDS_IN_FLIGHT], start=1):  # each leaves alone, at once
@@ -311,9 +316,7 @@ async def test_sends_beyond_the_requests_in_flight_wait_and_leave_together(local
 
 async def test_a_refused_transaction_in_a_batch_gets_the_node_error(localnet, counted) -> None:  # type: ignore[no-untyped-def]
     session, paths = counted
-    await set_faults(session, localnet.url, {"gateway": {"latencyMs": {"/transaction/send": 300}}})
-    paths.clear()
-    client = GatewayClient(session, [localnet.url])
+    client = await slow_sends(session, localnet.url, paths)
     good = [relayed_wire(localnet, nonce=n) for n in range(3)]
     bad = {**relayed_wire(localnet, nonce=3), "signature": "00" * 64}
     sent = [client.broadcast(good[0])]
@@ -329,9 +332,7 @@ async def test_a_refused_transaction_in_a_batch_gets_the_node_error(localnet, co
 
 async def test_a_batch_to_a_gateway_that_went_down_fails_every_send(localnet, counted) -> None:  # type: ignore[no-untyped-def]
     session, paths = counted
-    await set_faults(session, localnet.url, {"gateway": {"latencyMs": {"/transaction/send": 300}}})
-    client = GatewayClient(session, [localnet.url])
-    paths.clear()
+    client = await slow_sends(session, localnet.url, paths)
     first = client.broadcast(relayed_wire(localnet, nonce=0))
     await until_requested(paths, 1)
     rest = [client.broadcast(relayed_wire(localnet, nonce=n)) for n in range(1, 4)]
@@ -345,9 +346,7 @@ async def test_a_batch_to_a_gateway_that_went_down_fails_every_send(localnet, co
 
 async def test_closing_the_client_resolves_every_waiting_send(localnet, counted) -> None:  # type: ignore[no-untyped-def]
     session, paths = counted
-    await set_faults(session, localnet.url, {"gateway": {"latencyMs": {"/transaction/send": 5_000}}})
-    client = GatewayClient(session, [localnet.url], timeout_ms=10_000)
-    paths.clear()
+    client = await slow_sends(session, localnet.url, paths, 5_000, timeout_ms=10_000)
     sent = [client.broadcast(relayed_wire(localnet, nonce=0))]
     await until_requested(paths, 1)  # the first request is under way, the others wait behind it
     sent += [client.broadcast(relayed_wire(localnet, nonce=n)) for n in range(1, 3)]

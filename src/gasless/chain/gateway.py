@@ -8,8 +8,9 @@ gateway onto the same network would say the same.
 Sends are different: a transaction is broadcast to every gateway at once (the hash is the same everywhere,
 so duplicates are harmless), and the caller gets the first acknowledgement as soon as any gateway gives it.
 Each gateway has up to four send requests in flight; the sends that arrive while four are out leave
-together, in one `send-multiple`, when one ends (as do sends asked for in the same turn of the loop). At low load a send leaves at once; under load a relay costs a fraction of a
-request (a request's CPU is mostly the kernel's TCP, on both ends: docs/performance.md).
+together, in one `send-multiple`, when one ends (as do sends asked for in the same turn of the loop). At
+low load a send leaves at once; under load a relay costs a fraction of a request (a request's CPU is mostly
+the kernel's TCP, on both ends: docs/performance.md).
 """
 
 from __future__ import annotations
@@ -105,10 +106,10 @@ def _resolve(pending: _PendingSend, result: SendResult) -> None:
         pending.result.set_result(result)
 
 
-def _fail_all(batch: Sequence[_PendingSend], url: str, message: str) -> None:
+def _fail_all(batch: Sequence[_PendingSend], url: str, message: str, status: int | None = None) -> None:
     now = time.perf_counter()
     for p in batch:
-        _resolve(p, SendResult(url, None, message, None, (now - p.queued_at) * 1000))
+        _resolve(p, SendResult(url, None, message, status, (now - p.queued_at) * 1000))
 
 
 def _is_node_message(message: str) -> bool:
@@ -272,9 +273,7 @@ class GatewayClient:
             return
         answer = await self._request("POST", url, SEND_MULTIPLE_PATH, None, [dict(p.wire) for p in batch])
         if answer.kind == "retry":  # the gateway did not answer: as a failed single send would report
-            now = time.perf_counter()
-            for p in batch:
-                _resolve(p, SendResult(url, None, answer.message, answer.status, (now - p.queued_at) * 1000))
+            _fail_all(batch, url, answer.message, answer.status)
             return
         hashes = (
             answer.data.get("txsHashes") if answer.kind == "ok" and isinstance(answer.data, dict) else None
