@@ -297,7 +297,8 @@ async def test_sends_asked_for_together_leave_in_one_send_multiple(localnet, cou
     assert paths == ["/transaction/send", "/transaction/send-multiple"]
     # The node took all ten: each is known by its hash.
     for wire in wires:
-        assert await client.transaction(expected_hash(wire)) is not None
+        known = await client.transaction(expected_hash(wire))
+        assert known is not None and known["hash"] == expected_hash(wire)
 
 
 async def test_sends_beyond_the_requests_in_flight_wait_and_leave_together(localnet, counted) -> None:  # type: ignore[no-untyped-def]
