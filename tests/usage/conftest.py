@@ -142,3 +142,17 @@ def seed(env: Any) -> Any:
     kit = LedgerSeed(env)
     yield kit
     kit.engine.dispose()
+
+
+@pytest.fixture
+def seed_for() -> Any:
+    """`seed_for(env)`: a LedgerSeed for an env from `make_env`."""
+    kits: list[LedgerSeed] = []
+
+    def make(env: Any) -> LedgerSeed:
+        kits.append(LedgerSeed(env))
+        return kits[-1]
+
+    yield make
+    for kit in kits:
+        kit.engine.dispose()

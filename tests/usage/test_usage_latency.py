@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +179,44 @@ def test_a_large_batch_is_merged_in_the_merge_process_with_the_same_figures(
         rank = max(1, int(q / 100 * len(added) + 0.5))
         exact = sorted(added)[rank - 1]
         assert abs(group["added"][f"p{q}Ms"] - exact) <= RELATIVE_ERROR * exact + 1, (q, group["added"])
+
+
+def test_a_merge_raced_by_another_writer_writes_nothing_and_nothing_is_lost(
+    make_env: Any, auth_for: Any, seed_for: Any
+) -> None:
+    """Two leaders (a failover) merging into the same rollups: the one whose read is older than the other's
+    write stores nothing (it would overwrite the other's histograms with its own), and the next merge
+    counts its rows; every row is counted once."""
+    env = make_env(latency_rollup_enabled=False)  # the merges below are the only writers
+    auth, seed = auth_for(env), seed_for(env)
+    owner = auth.account()
+    rollups = env.client.app.state.host.rollups
+    now = int(time.time() * 1000)
+
+    def rows(count: int, first_terminal: int) -> None:
+        for index in range(count):
+            terminal = first_terminal + index
+            seed.row(owner.address, terminal_at_ms=terminal, finalized_at_ms=terminal + 50)
+
+    async def read_and_merge(limit: int) -> Any:
+        from gasless.db.engine import run_read_off_loop
+        from gasless.usage.rollups import prepare, read_batch
+
+        read = await run_read_off_loop(rollups.engine, lambda conn: read_batch(conn, limit))
+        return prepare(read, 1_000, now)
+
+    rows(3, now - 1_000)
+    stale = env.client.portal.call(read_and_merge, 3)  # leader A reads and merges its three rows ...
+    rows(2, now - 2_000)  # ... two more rows land in the same buckets, earlier ...
+    assert (
+        env.client.portal.call(partial(rollups.roll_up, 1_000, now, limit=2)) == 2
+    )  # ... and leader B counts them
+    assert env.client.portal.call(rollups.write, stale) == 0  # A's write would drop B's two: refused
+    assert env.client.portal.call(rollups.roll_up, 1_000, now) == 3  # A's rows, merged again
+
+    answer = env.client.get(
+        "/v1/usage/latency", params={"account": owner.address, "window": "1h"}, headers=auth.bearer(owner)
+    )
+    assert answer.status_code == 200, answer.text
+    assert [group["count"] for group in answer.json()["groups"]] == [5]
+    assert env.client.portal.call(rollups.roll_up, 1_000, now) == 0

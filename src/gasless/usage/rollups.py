@@ -37,7 +37,7 @@ from gasless.db.engine import (
     run_write,
     shared_by_url,
 )
-from gasless.db.tables import latency_rollups, usage_ledger
+from gasless.db.tables import latency_rollups, service_meta, usage_ledger
 from gasless.relay.intents import latency
 from gasless.workers import cancel_and_wait
 
@@ -61,6 +61,8 @@ ACCOUNT_DIMENSIONS = {
     "gateway": "acct_gateway",
 }
 UNKNOWN_GATEWAY = "unrecorded"
+# A counter every write to the rollups raises (service_meta): a merge checks it has not moved since its read.
+WRITES_KEY = "latency-rollup.writes"
 
 
 # The sketch ------------------------------------------------------------------------------------------------
@@ -142,7 +144,7 @@ RollupKey = tuple[str, int, str, str, str]  # granularity, bucket_ms, dimension,
 
 
 class RollupRaced(Exception):
-    """The rows or the stored histograms moved between the read and the write (another leader merged)."""
+    """The rows or the stored rollups moved between the read and the write (another leader wrote)."""
 
 
 def contributions(row: Any, round_ms: int) -> list[tuple[RollupKey, int]]:
@@ -224,35 +226,77 @@ _UNCOUNTED = (
 
 
 @dataclass(frozen=True)
+class ReadBatch:
+    """Terminal usage rows not yet counted, the stored histograms they merge into, and the rollups' write
+    counter as it was before either was read."""
+
+    rows: list[Any]
+    existing: dict[RollupKey, tuple[int, str]]
+    writes: int
+
+
+@dataclass(frozen=True)
 class PreparedBatch:
-    """One merged batch, ready for the short guarded write: the usage rows it counts, the count each stored
-    histogram had when read (None: not stored yet), and the rows to upsert."""
+    """One merged batch, ready for the short guarded write: the usage rows it counts, the rollups' write
+    counter its read saw, and the rows to upsert."""
 
     hashes: list[str]
-    expected: dict[RollupKey, int | None]
+    writes: int
     params: list[dict[str, Any]]
 
 
-def _stored(conn: Connection, keys: list[RollupKey], *, histograms: bool) -> dict[RollupKey, Any]:
-    """Each stored key's count, with its encoded histogram when `histograms`."""
-    found: dict[RollupKey, Any] = {}
-    values = (
-        (latency_rollups.c.count, latency_rollups.c.histogram) if histograms else (latency_rollups.c.count,)
-    )
+def _stored(conn: Connection, keys: list[RollupKey]) -> dict[RollupKey, tuple[int, str]]:
+    """Each stored key's count and encoded histogram."""
+    found: dict[RollupKey, tuple[int, str]] = {}
     for start in range(0, len(keys), 200):
         chunk = keys[start : start + 200]
-        statement = select(*ROLLUP_KEY_COLUMNS, *values).where(tuple_(*ROLLUP_KEY_COLUMNS).in_(chunk))
+        statement = select(*ROLLUP_KEY_COLUMNS, latency_rollups.c.count, latency_rollups.c.histogram).where(
+            tuple_(*ROLLUP_KEY_COLUMNS).in_(chunk)
+        )
         for row in conn.execute(statement):
-            found[tuple(row[:5])] = tuple(row[5:]) if histograms else row[5]  # type: ignore[index]
+            found[tuple(row[:5])] = (int(row[5]), row[6])  # type: ignore[assignment]
     return found
 
 
-def read_batch(conn: Connection, limit: int) -> tuple[list[Any], dict[RollupKey, tuple[int, str]]]:
-    """Up to `limit` terminal usage rows not yet counted, and the stored histograms they merge into."""
+def _writes(conn: Connection, *, lock: bool = False) -> int:
+    statement = select(service_meta.c.value).where(service_meta.c.key == WRITES_KEY)
+    value = conn.scalar(statement.with_for_update() if lock else statement)
+    return int(value["writes"]) if value else 0
+
+
+def _count_write(conn: Connection, writes: int, now_ms: int) -> None:
+    """Raise the write counter from `writes` (locked by `_writes(lock=True)` in this transaction)."""
+    document = {"writes": writes + 1}
+    conn.execute(
+        update(service_meta)
+        .where(service_meta.c.key == WRITES_KEY)
+        .values(value=document, updated_at_ms=now_ms)
+    )
+
+
+def _locked_writes(conn: Connection, now_ms: int) -> int:
+    """The write counter, locked until the transaction ends. The row is made first when missing (a
+    concurrent maker waits for this transaction, then finds it: no two writers both see it absent)."""
+    conn.execute(
+        dialect_insert(conn)(service_meta)
+        .values(key=WRITES_KEY, value={"writes": 0}, updated_at_ms=now_ms)
+        .on_conflict_do_nothing(index_elements=["key"])
+    )
+    return _writes(conn, lock=True)
+
+
+def read_batch(conn: Connection, limit: int) -> ReadBatch:
+    """Up to `limit` terminal usage rows not yet counted, and the stored histograms they merge into.
+
+    The counter is read first: each statement may see its own snapshot (PostgreSQL's read committed,
+    SQLite outside a transaction), so a write landing between the statements leaves the counter read
+    behind what was read after it (the write then fails its check and the batch merges again), never
+    ahead."""
+    writes = _writes(conn)
     rows = conn.execute(
         select(*USAGE_FIGURE_COLUMNS).where(*_UNCOUNTED).order_by(usage_ledger.c.terminal_at_ms).limit(limit)
     ).all()
-    return rows, (_stored(conn, list(rollup_keys(rows)), histograms=True) if rows else {})
+    return ReadBatch(list(rows), _stored(conn, list(rollup_keys(rows))) if rows else {}, writes)
 
 
 def count_uncounted(conn: Connection, up_to: int) -> int:
@@ -261,13 +305,11 @@ def count_uncounted(conn: Connection, up_to: int) -> int:
     return int(conn.execute(select(func.count()).select_from(waiting)).scalar_one())
 
 
-def prepare(
-    rows: Sequence[Any], existing: dict[RollupKey, tuple[int, str]], round_ms: int, now_ms: int
-) -> PreparedBatch:
-    fresh = merge_rows(rows, existing, round_ms)
+def prepare(read: ReadBatch, round_ms: int, now_ms: int) -> PreparedBatch:
+    fresh = merge_rows(read.rows, read.existing, round_ms)
     return PreparedBatch(
-        hashes=[row.tx_hash for row in rows],
-        expected={key: existing[key][0] if key in existing else None for key in fresh},
+        hashes=[row.tx_hash for row in read.rows],
+        writes=read.writes,
         params=[
             {
                 "granularity": key[0],
@@ -290,10 +332,10 @@ def prepare_in_child(database_url: str, round_ms: int, now_ms: int, limit: int) 
     async def run() -> PreparedBatch:
         engine = create_engine(database_url)
         try:
-            rows, existing = await run_read_off_loop(engine, lambda conn: read_batch(conn, limit))
+            read = await run_read_off_loop(engine, lambda conn: read_batch(conn, limit))
         finally:
             await engine.dispose()
-        return prepare(rows, existing, round_ms, now_ms)
+        return prepare(read, round_ms, now_ms)
 
     return asyncio.run(run())
 
@@ -368,30 +410,35 @@ class RollupRepository:
 
     async def roll_up(self, round_ms: int, now_ms: int, *, limit: int = BATCH) -> int:
         """Merge one batch in this process (a small one); the number of rows counted."""
-        rows, existing = await run_read_off_loop(self.engine, lambda conn: read_batch(conn, limit))
-        if not rows:
+        read = await run_read_off_loop(self.engine, lambda conn: read_batch(conn, limit))
+        if not read.rows:
             return 0
-        return await self.write(await asyncio.to_thread(prepare, rows, existing, round_ms, now_ms))
+        return await self.write(await asyncio.to_thread(prepare, read, round_ms, now_ms))
 
     async def write(self, batch: PreparedBatch) -> int:
         """Store one merged batch in a short write transaction that first checks nothing moved since the
-        read (the rows still uncounted, each stored histogram still at the count read: every merge raises
-        it), else writes nothing and the next tick merges again.
+        read (the rollups' write counter where the read saw it, the rows still uncounted), else writes
+        nothing and the next tick merges again.
+
+        One counter, not each stored histogram's count: comparing ~1 100 keys' counts held SQLite's write
+        lock 21-39 ms every tick, and every relay's commit point waited behind it (docs/performance.md).
 
         The merge happens before, outside the transaction: on SQLite a merge inside it held the write lock
         for hundreds of milliseconds every tick, and every relay's commit point waited behind it
         (bench/relay.py --rollups: addedMs p99 at 50% load 439 ms with the rollups on, 113 ms off)."""
         if not batch.hashes:
             return 0
+        now_ms = int(time.time() * 1000)
 
         def write(conn: Connection) -> int:
+            if _locked_writes(conn, now_ms) != batch.writes:
+                raise RollupRaced
             marked = conn.execute(
                 update(usage_ledger)
                 .where(usage_ledger.c.tx_hash.in_(batch.hashes), usage_ledger.c.rolled_up.is_(False))
                 .values(rolled_up=True)
             ).rowcount
-            now_stored = _stored(conn, list(batch.expected), histograms=False)
-            if marked != len(batch.hashes) or any(now_stored.get(k) != v for k, v in batch.expected.items()):
+            if marked != len(batch.hashes):
                 raise RollupRaced
             if batch.params:
                 upsert = dialect_insert(conn)(latency_rollups)
@@ -406,6 +453,7 @@ class RollupRepository:
                     ),
                     batch.params,  # one executemany: a statement per key cost more than the merging
                 )
+            _count_write(conn, batch.writes, now_ms)
             return len(batch.hashes)
 
         try:
@@ -416,6 +464,8 @@ class RollupRepository:
 
     async def purge(self, now_ms: int) -> None:
         def write(conn: Connection) -> None:
+            # A merge read before the purge would write back the rows it deletes: it must see them move.
+            _count_write(conn, _locked_writes(conn, now_ms), now_ms)
             for granularity, keep in RETENTION_MS.items():
                 conn.execute(
                     delete(latency_rollups).where(
