@@ -141,11 +141,6 @@ class Worker:
         raise NotImplementedError
 
 
-# Intents one tracker transaction moves at most (with their billing): about 0.5 ms of SQLite's writer each
-# on a loaded two-core machine, so a commit point waits at most ~16 ms behind a round's write.
-ROUND_WRITE_INTENTS = 32
-
-
 class Tracker(Worker):
     """Drives in-flight intents to EXECUTED, FINALIZED or DEAD from what the gateways report."""
 
@@ -392,15 +387,15 @@ class Tracker(Worker):
             batch.replaced(winner, now)
 
     async def _commit(self, batch: _Batch, now: int) -> None:
+        if not batch.changes:
+            return
+        changed = await self.repo.transition_many(batch.changes, now)
         seen = set()
-        # In bounded transactions, each published as it commits: one write for a whole round held SQLite's
-        # writer 50-175 ms at half load, and every relay's commit point waited behind it.
-        for changes in batch.transactions(ROUND_WRITE_INTENTS):
-            for row in await self.repo.transition_many(changes, now):
-                seen.add(int(row.pk))
-                if row.state == "DEAD":
-                    log.info("intent dead", tx_hash=row.tx_hash, reason=(row.dead_reason or "")[:120])
-                self._publish(row)
+        for row in changed:
+            seen.add(int(row.pk))
+            if row.state == "DEAD":
+                log.info("intent dead", tx_hash=row.tx_hash, reason=(row.dead_reason or "")[:120])
+            self._publish(row)
         # A guarded update that changed nothing: another host moved the row first. Re-read it.
         for pk in batch.expected - seen:
             row = self._tracked.get(pk)
@@ -449,14 +444,9 @@ def _updated(old: Rec, fresh: Rec) -> Rec:
     return old._replace(**vars(fresh))
 
 
-Change = tuple[ColumnElement[bool], dict[str, Any]]
-
-
 class _Batch:
-    """One round's state changes, written in order (`IntentRepository.transition_many`): executions
-    first, then the rivals they kill, then finalizations, then other deaths. Each change is guarded by the
-    state it leaves, so a round written in several transactions and cut short (a failed write, a crash)
-    leaves every intent either moved or not, and the next round moves the rest."""
+    """One round's state changes, written together (`IntentRepository.transition_many`), in order:
+    executions first, then the rivals they kill, then finalizations, then other deaths."""
 
     def __init__(self) -> None:
         self._executed: dict[tuple[int | None, str, str | None], list[int]] = {}
@@ -503,35 +493,24 @@ class _Batch:
         )
         self.expected.add(int(row.pk))
 
-    def transactions(self, limit: int) -> list[list[Change]]:
-        """The changes in order, packed into transactions that each move at most `limit` intents (a
-        rival-killing change counts as one)."""
-        weighted: list[tuple[int, Change]] = []
+    @property
+    def changes(self) -> list[tuple[ColumnElement[bool], dict[str, Any]]]:
+        out: list[tuple[ColumnElement[bool], dict[str, Any]]] = []
         for (block_ts_ms, outcome, failure), pks in self._executed.items():
             values = {"state": "EXECUTED", "executed_block_ts_ms": block_ts_ms, "outcome": outcome}
             if failure is not None:
                 values["failure"] = failure
-            for part in _parts(pks, limit):
-                where = and_(intents.c.pk.in_(part), intents.c.state.in_(("COSIGNED", "BROADCAST")))
-                weighted.append((len(part), (where, values)))
-        weighted.extend((1, change) for change in self._replaced)
-        for part in _parts(sorted(set(self._final)), limit):
-            where = and_(intents.c.pk.in_(part), intents.c.state == "EXECUTED")
-            weighted.append((len(part), (where, {"state": "FINALIZED", "finalized_at_ms": self._final_at})))
-        weighted.extend((1, change) for change in self._dead)
-        out: list[list[Change]] = []
-        load = limit
-        for weight, change in weighted:
-            if load + weight > limit:
-                out.append([])
-                load = 0
-            out[-1].append(change)
-            load += weight
+            out.append((and_(intents.c.pk.in_(pks), intents.c.state.in_(("COSIGNED", "BROADCAST"))), values))
+        out.extend(self._replaced)
+        if self._final:
+            out.append(
+                (
+                    and_(intents.c.pk.in_(sorted(set(self._final))), intents.c.state == "EXECUTED"),
+                    {"state": "FINALIZED", "finalized_at_ms": self._final_at},
+                )
+            )
+        out.extend(self._dead)
         return out
-
-
-def _parts(pks: list[int], limit: int) -> list[list[int]]:
-    return [pks[start : start + limit] for start in range(0, len(pks), limit)]
 
 
 class Retention(Worker):
