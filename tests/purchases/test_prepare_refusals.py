@@ -172,6 +172,7 @@ def test_pauses_are_answered_before_anything_is_built_or_signed(env: Any, proble
         assert body["details"]["scope"] == "global"
     finally:
         pause(env, venue=False, contract={"paused": False, "depositsPaused": False})
+    env.wait_state(f"{payer.address}:0", ("REJECTED",))  # recorded after the answer, off its path
     nothing = env.client.get(f"/v1/intents/{payer.address}/0").json()
     assert nothing["state"] == "REJECTED"  # the refused relay was recorded, never sent
 

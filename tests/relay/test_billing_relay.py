@@ -285,6 +285,7 @@ def test_a_request_naming_its_payer_is_refused_for_a_sender_that_account_does_no
             env.relay(tx, assignment["lease"], body={"account": owner.address}), "SENDER_NOT_AUTHORIZED"
         )
         assert body["details"] == {"reason": "not_an_authorised_sender", "account": owner.address}
+        env.wait_state(f"{sender.address}:0", ("REJECTED",))  # recorded after the answer, off its path
         assert env.client.get(f"/v1/intents/{sender.address}/0").json()["state"] == "REJECTED"
     assignment = env.assign(owner)
     malformed = env.relay(env.build(owner, assignment), assignment["lease"], body={"account": "erd1nope"})
