@@ -138,15 +138,8 @@ class LedgerSeed:
 
 
 @pytest.fixture
-def seed(env: Any) -> Any:
-    kit = LedgerSeed(env)
-    yield kit
-    kit.engine.dispose()
-
-
-@pytest.fixture
 def seed_for() -> Any:
-    """`seed_for(env)`: a LedgerSeed for an env from `make_env`."""
+    """`seed_for(env)`: a LedgerSeed for an env (`env`, or one from `make_env`), disposed after the test."""
     kits: list[LedgerSeed] = []
 
     def make(env: Any) -> LedgerSeed:
@@ -156,3 +149,8 @@ def seed_for() -> Any:
     yield make
     for kit in kits:
         kit.engine.dispose()
+
+
+@pytest.fixture
+def seed(env: Any, seed_for: Any) -> Any:
+    return seed_for(env)
