@@ -7,11 +7,12 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_mock_engine, inspect, select, text
+from sqlalchemy import Connection, create_mock_engine, inspect, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db import begin_write, create_engine, dialect_insert, ping, service_meta
+from gasless.db.engine import run_read, run_write
 from gasless.db.migrate import upgrade
 
 
@@ -134,3 +135,47 @@ async def test_sqlite_writers_queue_behind_begin_write(sqlite_url: str) -> None:
             assert (await conn.execute(text("SELECT n FROM counter"))).scalar_one() == 2
     finally:
         await engine.dispose()
+
+
+async def test_units_of_work_on_kept_connections_see_every_commit_and_survive_failures(
+    db_engine: AsyncEngine,
+) -> None:
+    """The hot path's reads and writes (`run_read`, `run_write`) keep their connections between units of
+    work (a SQLite file): a read never keeps a snapshot (it sees a commit made meanwhile through another
+    connection), and a unit that raises is rolled back and leaves the next one working."""
+    async with db_engine.begin() as conn:
+        await conn.execute(text("CREATE TABLE counter (n INTEGER NOT NULL)"))
+        await conn.execute(text("INSERT INTO counter (n) VALUES (0)"))
+
+    def read(conn: Connection) -> int:
+        return int(conn.execute(text("SELECT n FROM counter")).scalar_one())
+
+    def increment(conn: Connection) -> None:
+        conn.execute(text("UPDATE counter SET n = n + 1"))
+
+    def increment_then_fail(conn: Connection) -> None:
+        increment(conn)
+        raise RuntimeError("after the update")
+
+    def fail_reading(conn: Connection) -> None:
+        conn.execute(text("SELECT n FROM no_such_table"))
+
+    other = create_engine(db_engine.url.render_as_string(hide_password=False))
+    try:
+        assert await run_read(db_engine, read) == 0
+        async with other.begin() as conn:  # another connection (another host, a CLI) commits
+            await conn.execute(text("UPDATE counter SET n = 5"))
+        assert await run_read(db_engine, read) == 5
+        with pytest.raises(Exception, match="no_such_table"):
+            await run_read(db_engine, fail_reading)
+        async with other.begin() as conn:
+            await conn.execute(text("UPDATE counter SET n = 6"))
+        assert await run_read(db_engine, read) == 6
+        with pytest.raises(RuntimeError):
+            await run_write(db_engine, increment_then_fail)
+        assert await run_read(db_engine, read) == 6
+        await run_write(db_engine, increment)
+        async with other.connect() as conn:
+            assert (await conn.execute(text("SELECT n FROM counter"))).scalar_one() == 7
+    finally:
+        await other.dispose()

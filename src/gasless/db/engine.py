@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -135,11 +137,59 @@ async def begin_write(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
 
 @dataclass
 class _SqliteThreads:
+    """The sync engine of a SQLite file, its writer thread, and the two connections the hot path keeps: the
+    writer thread's and the loop thread's. A connection checked out of the pool and returned for every unit
+    of work cost about 35 us of Python each time (a Connection, the pool's events, its reset), a third of
+    the relay's read of the sender's rows (docs/performance.md)."""
+
     engine: Engine
     writer: ThreadPoolExecutor
+    _kept: dict[int, Connection] = field(default_factory=dict)  # thread id -> its connection
+
+    def write(self, work: Callable[[Connection], T]) -> T:
+        """`work(conn)` in one write transaction (BEGIN IMMEDIATE); runs on the writer thread."""
+        conn = self._kept_connection(writer=True)
+        try:
+            with conn.begin():
+                return work(conn)
+        finally:
+            self._drop_if_broken(conn)
+
+    def read_inline(self, work: Callable[[Connection], T]) -> T:
+        """`work(conn)` on the loop thread's kept connection; the read transaction ends before returning."""
+        conn = self._kept_connection(writer=False)
+        try:
+            return work(conn)
+        finally:
+            # Never left open between reads: an open read transaction would keep reading an old snapshot
+            # and hold back WAL checkpoints.
+            try:
+                conn.rollback()
+            finally:
+                self._drop_if_broken(conn)
+
+    def _kept_connection(self, *, writer: bool) -> Connection:
+        thread = threading.get_ident()
+        conn = self._kept.get(thread)
+        if conn is None:
+            conn = self.engine.connect()
+            if writer:
+                conn.execution_options(**{BEGIN_MODE_OPTION: "IMMEDIATE"})
+            self._kept[thread] = conn
+        return conn
+
+    def _drop_if_broken(self, conn: Connection) -> None:
+        if conn.invalidated or conn.closed:
+            self._kept.pop(threading.get_ident(), None)
+            with contextlib.suppress(Exception):
+                conn.close()
 
     def close(self) -> None:
         self.writer.shutdown(wait=False)
+        for conn in list(self._kept.values()):
+            with contextlib.suppress(Exception):
+                conn.close()
+        self._kept.clear()
         self.engine.dispose()
 
 
@@ -174,13 +224,6 @@ def _close_threads(sync_engine: Any) -> None:
         side.close()
 
 
-def _sync_write(engine: Engine, work: Callable[[Connection], T]) -> T:
-    with engine.connect() as conn:
-        conn = conn.execution_options(**{BEGIN_MODE_OPTION: "IMMEDIATE"})
-        with conn.begin():
-            return work(conn)
-
-
 def _sync_read(engine: Engine, work: Callable[[Connection], T]) -> T:
     with engine.connect() as conn:
         return work(conn)
@@ -207,7 +250,7 @@ async def run_write(engine: AsyncEngine, work: Callable[[Connection], T]) -> T:
             return await conn.run_sync(work)
     side = _threads(engine)
     async with _writer_lock(engine):
-        job = asyncio.get_running_loop().run_in_executor(side.writer, partial(_sync_write, side.engine, work))
+        job = asyncio.get_running_loop().run_in_executor(side.writer, partial(side.write, work))
         try:
             return await asyncio.shield(job)
         except asyncio.CancelledError:
@@ -223,7 +266,7 @@ async def run_read(engine: AsyncEngine, work: Callable[[Connection], T]) -> T:
             return await conn.run_sync(work)
     # Inline on the loop: a WAL read never waits for a lock and takes a fraction of a millisecond, less
     # than handing it to a thread and back (measured: bench/relay.py, docs/performance.md).
-    return _sync_read(_threads(engine).engine, work)
+    return _threads(engine).read_inline(work)
 
 
 async def run_read_off_loop(engine: AsyncEngine, work: Callable[[Connection], T]) -> T:
