@@ -9,7 +9,7 @@ import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -144,20 +144,35 @@ class _SqliteThreads:
 
     engine: Engine
     writer: ThreadPoolExecutor
-    _kept: dict[int, Connection] = field(default_factory=dict)  # thread id -> its connection
+    _write_conn: Connection | None = None  # used only on the writer thread
+    _read_conn: Connection | None = None  # used only on `_read_thread`, the first to read inline
+    _read_thread: int | None = None
 
     def write(self, work: Callable[[Connection], T]) -> T:
         """`work(conn)` in one write transaction (BEGIN IMMEDIATE); runs on the writer thread."""
-        conn = self._kept_connection(writer=True)
+        if self._write_conn is None:
+            self._write_conn = self.engine.connect()
+            self._write_conn.execution_options(**{BEGIN_MODE_OPTION: "IMMEDIATE"})
+        conn = self._write_conn
         try:
             with conn.begin():
                 return work(conn)
         finally:
-            self._drop_if_broken(conn)
+            if conn.invalidated:
+                self._write_conn = None
+                _close_quietly(conn)
 
     def read_inline(self, work: Callable[[Connection], T]) -> T:
-        """`work(conn)` on the loop thread's kept connection; the read transaction ends before returning."""
-        conn = self._kept_connection(writer=False)
+        """`work(conn)` on the loop thread's kept connection (another thread reads on a pooled one); the
+        read transaction ends before this returns."""
+        thread = threading.get_ident()
+        if self._read_thread is None:
+            self._read_thread = thread
+        elif self._read_thread != thread:
+            return _sync_read(self.engine, work)
+        if self._read_conn is None:
+            self._read_conn = self.engine.connect()
+        conn = self._read_conn
         try:
             return work(conn)
         finally:
@@ -166,31 +181,22 @@ class _SqliteThreads:
             try:
                 conn.rollback()
             finally:
-                self._drop_if_broken(conn)
-
-    def _kept_connection(self, *, writer: bool) -> Connection:
-        thread = threading.get_ident()
-        conn = self._kept.get(thread)
-        if conn is None:
-            conn = self.engine.connect()
-            if writer:
-                conn.execution_options(**{BEGIN_MODE_OPTION: "IMMEDIATE"})
-            self._kept[thread] = conn
-        return conn
-
-    def _drop_if_broken(self, conn: Connection) -> None:
-        if conn.invalidated or conn.closed:
-            self._kept.pop(threading.get_ident(), None)
-            with contextlib.suppress(Exception):
-                conn.close()
+                if conn.invalidated:
+                    self._read_conn = None
+                    _close_quietly(conn)
 
     def close(self) -> None:
         self.writer.shutdown(wait=False)
-        for conn in list(self._kept.values()):
-            with contextlib.suppress(Exception):
-                conn.close()
-        self._kept.clear()
+        for conn in (self._write_conn, self._read_conn):
+            if conn is not None:
+                _close_quietly(conn)
+        self._write_conn = self._read_conn = None
         self.engine.dispose()
+
+
+def _close_quietly(conn: Connection) -> None:
+    with contextlib.suppress(Exception):
+        conn.close()
 
 
 _sqlite_threads: weakref.WeakKeyDictionary[Any, _SqliteThreads] = weakref.WeakKeyDictionary()
