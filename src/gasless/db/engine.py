@@ -186,12 +186,18 @@ class _SqliteThreads:
                     _close_quietly(conn)
 
     def close(self) -> None:
+        # The writer's connection is closed on the writer thread, after a write still under way.
+        self.writer.submit(self._close_write_conn)
         self.writer.shutdown(wait=False)
-        for conn in (self._write_conn, self._read_conn):
-            if conn is not None:
-                _close_quietly(conn)
-        self._write_conn = self._read_conn = None
+        if self._read_conn is not None:
+            _close_quietly(self._read_conn)
+            self._read_conn = None
         self.engine.dispose()
+
+    def _close_write_conn(self) -> None:
+        if self._write_conn is not None:
+            _close_quietly(self._write_conn)
+            self._write_conn = None
 
 
 def _close_quietly(conn: Connection) -> None:
