@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
+import time
 from pathlib import Path
 
 from alembic import command
@@ -12,6 +13,7 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from gasless.db.engine import BEGIN_MODE_OPTION, PRE_BEGIN_OPTION, create_engine
@@ -76,34 +78,56 @@ def _run_exclusive(url: str, action: str, revision: str) -> None:
         asyncio.run(_run_locked(url, action, revision))
 
 
+async def _connect(engine: AsyncEngine) -> AsyncConnection:
+    """A connection for the migration. Two processes opening a new SQLite database race to switch it to
+    WAL (gasless.db.engine): the loser is refused at once, without waiting, while the winner's first
+    transaction (its whole migration) runs; it tries again until then, as long as a migration may take."""
+    deadline = time.monotonic() + SQLITE_MIGRATION_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            return await engine.connect()
+        except OperationalError as exc:
+            locked = engine.dialect.name == "sqlite" and "database is locked" in str(exc.orig)
+            if not locked or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.1)
+
+
 async def _run_locked(url: str, action: str, revision: str) -> None:
     engine = create_engine(url)
     try:
-        async with engine.connect() as conn:
-            if conn.dialect.name == "sqlite":
-                conn = await conn.execution_options(
-                    **{
-                        # BEGIN IMMEDIATE takes the write lock before Alembic reads the version table,
-                        # so a second migrator waits and then finds nothing to do.
-                        BEGIN_MODE_OPTION: "IMMEDIATE",
-                        # Batch migrations rebuild tables (drop + rename); with enforcement on, dropping
-                        # a referenced table fails. The pragma is a no-op inside a transaction: pre-BEGIN.
-                        PRE_BEGIN_OPTION: (
-                            "PRAGMA foreign_keys=OFF",
-                            f"PRAGMA busy_timeout={SQLITE_MIGRATION_BUSY_TIMEOUT_MS}",
-                        ),
-                    }
-                )
-            async with conn.begin():
-                if conn.dialect.name == "postgresql":
-                    # Released at commit; PostgreSQL DDL is transactional, so the whole run is atomic.
-                    lock = text("SELECT pg_advisory_xact_lock(:key)")
-                    await conn.execute(lock, {"key": MIGRATION_LOCK_KEY})
-                await conn.run_sync(_alembic_command, action, revision)
-                if conn.dialect.name == "sqlite":
-                    await _check_sqlite_foreign_keys(conn)
+        conn = await _connect(engine)
+        try:
+            await _migrate(conn, action, revision)
+        finally:
+            await conn.close()
     finally:
         await engine.dispose()
+
+
+async def _migrate(conn: AsyncConnection, action: str, revision: str) -> None:
+    if conn.dialect.name == "sqlite":
+        conn = await conn.execution_options(
+            **{
+                # BEGIN IMMEDIATE takes the write lock before Alembic reads the version table,
+                # so a second migrator waits and then finds nothing to do.
+                BEGIN_MODE_OPTION: "IMMEDIATE",
+                # Batch migrations rebuild tables (drop + rename); with enforcement on, dropping
+                # a referenced table fails. The pragma is a no-op inside a transaction: pre-BEGIN.
+                PRE_BEGIN_OPTION: (
+                    "PRAGMA foreign_keys=OFF",
+                    f"PRAGMA busy_timeout={SQLITE_MIGRATION_BUSY_TIMEOUT_MS}",
+                ),
+            }
+        )
+    async with conn.begin():
+        if conn.dialect.name == "postgresql":
+            # Released at commit; PostgreSQL DDL is transactional, so the whole run is atomic.
+            lock = text("SELECT pg_advisory_xact_lock(:key)")
+            await conn.execute(lock, {"key": MIGRATION_LOCK_KEY})
+        await conn.run_sync(_alembic_command, action, revision)
+        if conn.dialect.name == "sqlite":
+            await _check_sqlite_foreign_keys(conn)
 
 
 def _alembic_command(connection: Connection, action: str, revision: str) -> None:
