@@ -9,7 +9,8 @@ here, build against build: run the same command with `PYTHONPATH=<worktree of th
 
 - sign: a relayer signature through the service's signer, and (the baseline, same run) through the SDK's
   `UserSecretKey.sign`;
-- write: a write transaction on the SQLite writer's connection (empty, one INSERT) and a read, run inline;
+- write: a write transaction on the SQLite writer's kept connection (empty, one INSERT) and a read on a
+  pooled connection, both on this thread;
 - read: one small read of a SQLite file by the three paths the service has, in one run (the first is the
   baseline): through aiosqlite (`engine.connect()`), inline on the loop (`run_read`), on a worker thread
   (`run_read_off_loop`); CPU of the whole process, every thread counted;
@@ -81,20 +82,18 @@ def bench_sign() -> None:
 def bench_write() -> None:
     from sqlalchemy import text
 
-    from gasless.db.engine import _sync_read, _sync_write, _threads, create_engine, run_write
+    from gasless.db.engine import _sync_read, _threads, create_engine, run_write
 
     async def main() -> None:
         folder = tempfile.mkdtemp()
         engine = create_engine(f"sqlite+aiosqlite:///{folder}/micro.db")
         await run_write(engine, lambda conn: conn.execute(text("CREATE TABLE t (a INTEGER)")))
-        sync = _threads(engine).engine
+        side = _threads(engine)
+        sync = side.engine
         insert = text("INSERT INTO t VALUES (1)")
         select = text("SELECT 1")
-        print(f"write: empty transaction {best_us(lambda: _sync_write(sync, lambda c: None), 3000):.0f} us")
-        print(
-            "write: one INSERT "
-            f"{best_us(lambda: _sync_write(sync, lambda c: c.execute(insert)), 3000):.0f} us"
-        )
+        print(f"write: empty transaction {best_us(lambda: side.write(lambda c: None), 3000):.0f} us")
+        print(f"write: one INSERT {best_us(lambda: side.write(lambda c: c.execute(insert)), 3000):.0f} us")
         print(
             "write: a read (SELECT 1) "
             f"{best_us(lambda: _sync_read(sync, lambda c: c.execute(select).all()), 3000):.0f} us"

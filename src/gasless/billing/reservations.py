@@ -21,17 +21,12 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, func, or_, select, update
+from sqlalchemy import Connection, and_, bindparam, case, func, literal, null, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gasless.billing.policy import CONTRACT_FAILURES
 from gasless.db import account_period_usage, intents, padded_to_power_of_two, reservations, usage_ledger
 from gasless.errors import ApiError
-
-
-def _insert(conn: Connection, table: Any) -> Any:
-    dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
-    return dialect.insert(table)
 
 
 @dataclass
@@ -216,42 +211,64 @@ _SET_PERIOD_USAGE = (
 )
 
 
-def _ledger_values(row: Any, reservation: Any | None, now: int) -> dict[str, Any]:
-    billing = row.billing if isinstance(row.billing, dict) else {}
-    executed = row.state in ("EXECUTED", "FINALIZED")
-    billed = executed and reservation is not None
-    status = ("success" if row.outcome == "success" else "failed") if executed else "dead"
-    return {
-        "tx_hash": row.tx_hash,
-        "intent_pk": int(row.pk),
-        "account": billing.get("account"),
-        "sender": row.sender,
-        "nonce": int(row.nonce),
-        "receiver": row.receiver,
-        "function": billing.get("function"),
-        "sender_shard": int(row.sender_shard),
-        "relayer": row.relayer,
-        "status": status,
+@functools.cache
+def _insert_ledger_rows(dialect: str) -> Any:
+    """The ledger rows of the intents a round executed or killed, built in SQL from the intent and its held
+    reservation (`pks`; `now`): one statement, where building each row's 30 values in Python and binding
+    them was a third of the tracker round's time in SQLite's one write lock (docs/performance.md). Runs
+    before the reservations move: a row is billed when its intent executed and a reservation was held. A
+    row is written once per intent (another host's tracker may have written it first)."""
+    i, r = intents.c, reservations.c
+    now = bindparam("now", type_=usage_ledger.c.created_at_ms.type)
+    executed = i.state.in_(("EXECUTED", "FINALIZED"))
+    billed = and_(executed, r.intent_pk.is_not(None))
+
+    def if_billed(column: Any) -> Any:
+        return case((billed, column), else_=null())
+
+    failure_codes = case(
+        *((i.failure == message, literal(code)) for message, code in CONTRACT_FAILURES.items()), else_=null()
+    )
+    columns = {
+        "tx_hash": i.tx_hash,
+        "intent_pk": i.pk,
+        "account": i.billing["account"].as_string(),
+        "sender": i.sender,
+        "nonce": i.nonce,
+        "receiver": i.receiver,
+        "function": i.billing["function"].as_string(),
+        "sender_shard": i.sender_shard,
+        "relayer": i.relayer,
+        "status": case((executed, case((i.outcome == "success", "success"), else_="failed")), else_="dead"),
         "billed": billed,
-        "billing_class": reservation.billing_class if billed else None,
-        "ru": int(reservation.ru) if billed else None,
-        "payg_micro": int(reservation.payg_micro) if billed else None,
-        "period_id": reservation.period_id if billed else None,
-        "api_key_id": billing.get("apiKeyId"),
-        "gas_limit": int(row.gas_limit),
-        "gas_price": int(row.gas_price),
-        "received_at_ms": row.received_at_ms,
-        "cosigned_at_ms": int(row.cosigned_at_ms),
-        "broadcast_at_ms": row.broadcast_at_ms,
-        "executed_block_ts_ms": row.executed_block_ts_ms,
-        "finalized_at_ms": row.finalized_at_ms,
-        "terminal_at_ms": int(row.executed_block_ts_ms or row.updated_at_ms or now),
-        "dead_reason": row.dead_reason,
-        "failure_code": CONTRACT_FAILURES.get(getattr(row, "failure", None) or ""),
-        "route": billing.get("route"),
-        "first_ack_gateway": getattr(row, "first_ack_gateway", None),
+        "billing_class": if_billed(r.billing_class),
+        "ru": if_billed(r.ru),
+        "payg_micro": if_billed(r.payg_micro),
+        "period_id": if_billed(r.period_id),
+        "api_key_id": i.billing["apiKeyId"].as_string(),
+        "gas_limit": i.gas_limit,
+        "gas_price": i.gas_price,
+        "received_at_ms": i.received_at_ms,
+        "cosigned_at_ms": i.cosigned_at_ms,
+        "broadcast_at_ms": i.broadcast_at_ms,
+        "executed_block_ts_ms": i.executed_block_ts_ms,
+        "finalized_at_ms": i.finalized_at_ms,
+        "terminal_at_ms": func.coalesce(
+            func.nullif(i.executed_block_ts_ms, 0), func.nullif(i.updated_at_ms, 0), now
+        ),
+        "dead_reason": i.dead_reason,
+        "failure_code": failure_codes,
+        "route": i.billing["route"].as_string(),
+        "first_ack_gateway": i.first_ack_gateway,
         "created_at_ms": now,
     }
+    rows = (
+        select(*(value.label(name) for name, value in columns.items()))
+        .select_from(intents.outerjoin(reservations, and_(r.intent_pk == i.pk, r.state == "reserved")))
+        .where(i.pk.in_(bindparam("pks", expanding=True)))
+    )
+    insert = (postgresql if dialect == "postgresql" else sqlite).insert(usage_ledger)
+    return insert.from_select(list(columns), rows).on_conflict_do_nothing()
 
 
 def settle(conn: Connection, changed: Sequence[Any], now: int) -> None:
@@ -265,6 +282,7 @@ def settle(conn: Connection, changed: Sequence[Any], now: int) -> None:
     if pks:
         rows = (conn.execute(_HELD, {"pks": pks})).all()
         held = {int(r.intent_pk): r for r in rows}
+        conn.execute(_insert_ledger_rows(conn.dialect.name), {"pks": pks, "now": now})
     settled = [int(r.pk) for r in executed if int(r.pk) in held]
     if settled:
         conn.execute(_MOVE_RESERVED, {"pks": settled, "state": "settled", "now": now})
@@ -297,11 +315,6 @@ def settle(conn: Connection, changed: Sequence[Any], now: int) -> None:
                 ),
                 [{"a": a, "p": p, "ru": ru, "now": now} for (a, p), ru in give_back.items()],
             )
-    ledger = [_ledger_values(row, held.get(int(row.pk)), now) for row in executed]
-    ledger += [_ledger_values(row, None, now) for row in dead]
-    if ledger:
-        # A row is written once per intent (another host's tracker may have written it first).
-        conn.execute(_insert(conn, usage_ledger).on_conflict_do_nothing(), ledger)
     if final:
         conn.execute(_FINALIZE_LEDGER, [{"pk": int(row.pk), "f": row.finalized_at_ms} for row in final])
 
