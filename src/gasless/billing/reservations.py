@@ -25,7 +25,14 @@ from sqlalchemy import Connection, and_, bindparam, case, func, literal, null, o
 from sqlalchemy.dialects import postgresql, sqlite
 
 from gasless.billing.policy import CONTRACT_FAILURES
-from gasless.db import account_period_usage, intents, padded_to_power_of_two, reservations, usage_ledger
+from gasless.db import (
+    account_period_usage,
+    dialect_insert,
+    intents,
+    padded_to_power_of_two,
+    reservations,
+    usage_ledger,
+)
 from gasless.errors import ApiError
 
 
@@ -212,9 +219,9 @@ _SET_PERIOD_USAGE = (
 
 
 @functools.cache
-def _insert_ledger_rows(dialect: str) -> Any:
+def _insert_ledger_rows(insert: Any) -> Any:
     """The ledger rows of the intents a round executed or killed, built in SQL from the intent and its held
-    reservation (`pks`; `now`). Each row's 30 values built and bound in Python made the ledger insert about
+    reservation (`pks`; `now`), for the dialect's `insert`. Each row's 30 values built and bound in Python made the ledger insert about
     a third of a round's time in SQLite's one write lock; in one statement the round costs the writer about
     a fifth less (docs/performance.md). Runs before the reservations move: a row is billed when its intent
     executed and a reservation was held. A row is written once per intent (another host's tracker may have
@@ -268,8 +275,7 @@ def _insert_ledger_rows(dialect: str) -> Any:
         .select_from(intents.outerjoin(reservations, and_(r.intent_pk == i.pk, r.state == "reserved")))
         .where(i.pk.in_(bindparam("pks", expanding=True)))
     )
-    insert = (postgresql if dialect == "postgresql" else sqlite).insert(usage_ledger)
-    return insert.from_select(list(columns), rows).on_conflict_do_nothing()
+    return insert(usage_ledger).from_select(list(columns), rows).on_conflict_do_nothing()
 
 
 def settle(conn: Connection, changed: Sequence[Any], now: int) -> None:
@@ -283,7 +289,7 @@ def settle(conn: Connection, changed: Sequence[Any], now: int) -> None:
     if pks:
         rows = (conn.execute(_HELD, {"pks": pks})).all()
         held = {int(r.intent_pk): r for r in rows}
-        conn.execute(_insert_ledger_rows(conn.dialect.name), {"pks": pks, "now": now})
+        conn.execute(_insert_ledger_rows(dialect_insert(conn)), {"pks": pks, "now": now})
     settled = [int(r.pk) for r in executed if int(r.pk) in held]
     if settled:
         conn.execute(_MOVE_RESERVED, {"pks": settled, "state": "settled", "now": now})
