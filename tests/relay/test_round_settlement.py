@@ -1,6 +1,6 @@
 """A tracker round's write (`IntentRepository.transition_many`): executions, deaths and their billing in
-one transaction: reservations settled or released, and one ledger row per intent, built in SQL from the
-intent and its held reservation (SQLite and PostgreSQL)."""
+one transaction: reservations settled or released, one ledger row per intent, built in SQL from the
+intent and its held reservation, and every moved row returned as stored (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -63,8 +63,16 @@ async def _round(url: str) -> list[Any]:
             *_dead(pks[40]),
             *_dead(pks[41]),
         ]
-        changed = await repo.transition_many(changes, NOW + 700)
+        # The tracker holds half of the rows (as they were before the round); the others are new to it.
+        held = {int(row.pk): row for row in await repo.by_pks(pks[::2])}
+        # Acknowledged since: the held rows are stale, as a tracker's may be.
+        await repo.record_acks({pk: NOW + 300 for pk in pks[:30]}, {pk: "http://gw" for pk in pks[:30]})
+        changed = await repo.transition_many(changes, NOW + 700, held)
         assert sorted(int(row.pk) for row in changed) == sorted(pks)
+        # Every row comes back as stored after the round, whether completed from the held row or read whole.
+        stored = {int(row.pk): row for row in await repo.by_pks(pks)}
+        for row in changed:
+            assert _without_tx(row) == _without_tx(stored[int(row.pk)])
         # Written once per intent: the same moves again change nothing and write no second row.
         assert await repo.transition_many(changes, NOW + 800) == []
         async with engine.connect() as conn:
@@ -105,6 +113,10 @@ async def _round(url: str) -> list[Any]:
         return [tuple(row[1:]) for row in ledger]
     finally:
         await engine.dispose()
+
+
+def _without_tx(row: Any) -> dict[str, Any]:
+    return {name: value for name, value in vars(row).items() if name != "tx"}
 
 
 def _expected(account: str) -> list[tuple[Any, ...]]:

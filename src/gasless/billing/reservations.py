@@ -280,34 +280,27 @@ def _insert_ledger_rows(insert: Any) -> Any:
 
 def settle(conn: Connection, changed: Sequence[Any], now: int) -> None:
     """Settle the reservations of the intents a tracker round moved (same transaction as the moves), in a
-    fixed number of statements whatever the round's size."""
-    executed = [r for r in changed if r.state == "EXECUTED"]
-    dead = [r for r in changed if r.state == "DEAD"]
+    fixed number of statements whatever the round's size. `changed` needs only each row's pk, state and
+    finalized_at_ms."""
+    executed = [int(r.pk) for r in changed if r.state == "EXECUTED"]
+    dead = [int(r.pk) for r in changed if r.state == "DEAD"]
     final = [r for r in changed if r.state == "FINALIZED"]
-    pks = [int(r.pk) for r in executed + dead]
-    held: dict[int, Any] = {}
-    if pks:
-        rows = (conn.execute(_HELD, {"pks": pks})).all()
-        held = {int(r.intent_pk): r for r in rows}
-        conn.execute(_insert_ledger_rows(dialect_insert(conn)), {"pks": pks, "now": now})
-    settled = [int(r.pk) for r in executed if int(r.pk) in held]
-    if settled:
-        conn.execute(_MOVE_RESERVED, {"pks": settled, "state": "settled", "now": now})
-    releasing = [int(r.pk) for r in dead if int(r.pk) in held]
-    if releasing:
-        released = (
-            conn.execute(
-                _MOVE_RESERVED.returning(reservations.c.intent_pk),
-                {"pks": releasing, "state": "released", "now": now},
-            )
+    if executed or dead:
+        # Before the moves: the ledger rows are built from the reservations still held.
+        conn.execute(_insert_ledger_rows(dialect_insert(conn)), {"pks": executed + dead, "now": now})
+    if executed:
+        conn.execute(_MOVE_RESERVED, {"pks": executed, "state": "settled", "now": now})
+    if dead:
+        released = conn.execute(
+            _MOVE_RESERVED.returning(reservations.c.account, reservations.c.period_id, reservations.c.ru),
+            {"pks": dead, "state": "released", "now": now},
         ).all()
         # A released plan reservation gives its RU back to the period (never below zero).
         give_back: dict[tuple[str, int], int] = {}
-        for (pk,) in released:
-            reservation = held[int(pk)]
-            if reservation.period_id is not None:
-                key = (str(reservation.account), int(reservation.period_id))
-                give_back[key] = give_back.get(key, 0) + int(reservation.ru)
+        for account, period_id, ru in released:
+            if period_id is not None:
+                key = (str(account), int(period_id))
+                give_back[key] = give_back.get(key, 0) + int(ru)
         if give_back:
             floor = func.max if conn.dialect.name == "sqlite" else func.greatest
             conn.execute(
@@ -326,9 +319,6 @@ def settle(conn: Connection, changed: Sequence[Any], now: int) -> None:
         conn.execute(_FINALIZE_LEDGER, [{"pk": int(row.pk), "f": row.finalized_at_ms} for row in final])
 
 
-_HELD = select(reservations).where(
-    reservations.c.intent_pk.in_(bindparam("pks", expanding=True)), reservations.c.state == "reserved"
-)
 _MOVE_RESERVED = (
     update(reservations)
     .where(reservations.c.intent_pk.in_(bindparam("pks", expanding=True)), reservations.c.state == "reserved")

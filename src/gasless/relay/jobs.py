@@ -389,7 +389,7 @@ class Tracker(Worker):
     async def _commit(self, batch: _Batch, now: int) -> None:
         if not batch.changes:
             return
-        changed = await self.repo.transition_many(batch.changes, now)
+        changed = await self.repo.transition_many(batch.changes, now, self._tracked)
         seen = set()
         for row in changed:
             seen.add(int(row.pk))
