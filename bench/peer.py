@@ -278,13 +278,19 @@ class Bench:
     async def _start(
         self, command: list[str], env: dict[str, str], port: int, ready_path: str, cwd: Path | None = None
     ) -> tuple[subprocess.Popen[bytes], str]:
-        """One relayer process, quiet, awaited until `ready_path` answers 200."""
+        """One relayer process, its output in a log file, awaited until `ready_path` answers 200; stopped,
+        with the log's end in the error, when it never does."""
         assert self.session is not None
-        proc = subprocess.Popen(
-            command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        log_path = self.data_dir / f"{Path(command[-1]).stem}-{port}.log"
+        with log_path.open("wb") as log_file:
+            proc = subprocess.Popen(command, cwd=cwd, env=env, stdout=log_file, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
-        await wait_ok(self.session, f"{url}{ready_path}")
+        try:
+            await wait_ok(self.session, f"{url}{ready_path}")
+        except RuntimeError as exc:
+            stop_processes([proc])
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"{exc} (exit code {proc.returncode}); its log ends:\n{tail}") from exc
         return proc, url
 
     async def start_peer(self, run: str) -> tuple[subprocess.Popen[bytes], str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import multiprocessing
 import os
 import threading
@@ -26,7 +27,9 @@ from typing import Any
 
 import structlog
 from hdrh.histogram import HdrHistogram
-from sqlalchemy import Connection, and_, delete, func, select, tuple_, update
+from sqlalchemy import Connection, and_, bindparam, delete, func, select, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db.engine import (
@@ -238,11 +241,12 @@ class ReadBatch:
 @dataclass(frozen=True)
 class PreparedBatch:
     """One merged batch, ready for the short guarded write: the usage rows it counts, the rollups' write
-    counter its read saw, and the rows to upsert."""
+    counter its read saw, and the rows to upsert, as plain tuples (built before the write, which passes
+    them to the driver as they are)."""
 
     hashes: list[str]
     writes: int
-    params: list[dict[str, Any]]
+    rows: list[tuple[Any, ...]]  # in `latency_rollups` column order: the key's five, count, histogram, time
 
 
 def _stored(conn: Connection, keys: list[RollupKey]) -> dict[RollupKey, tuple[int, str]]:
@@ -285,6 +289,25 @@ def _locked_writes(conn: Connection, now_ms: int) -> int:
     return _writes(conn, lock=True)
 
 
+@functools.cache
+def _upsert_sql(dialect: Dialect) -> str:
+    """The rollup rows' upsert in the dialect's SQL, its positional parameters in column order."""
+    upsert = (postgresql.insert if dialect.name == "postgresql" else sqlite.insert)(latency_rollups)
+    statement = upsert.values({column.name: bindparam(column.name) for column in latency_rollups.c})
+    statement = statement.on_conflict_do_update(
+        index_elements=list(ROLLUP_KEY_COLUMNS),
+        set_={
+            "count": upsert.excluded.count,
+            "histogram": upsert.excluded.histogram,
+            "updated_at_ms": upsert.excluded.updated_at_ms,
+        },
+    )
+    compiled = statement.compile(dialect=dialect)
+    # `PreparedBatch.rows` are tuples in column order: the statement must take its parameters so.
+    assert compiled.positiontup == [column.name for column in latency_rollups.c], compiled.positiontup
+    return str(compiled)
+
+
 def read_batch(conn: Connection, limit: int) -> ReadBatch:
     """Up to `limit` terminal usage rows not yet counted, and the stored histograms they merge into.
 
@@ -310,19 +333,7 @@ def prepare(read: ReadBatch, round_ms: int, now_ms: int) -> PreparedBatch:
     return PreparedBatch(
         hashes=[row.tx_hash for row in read.rows],
         writes=read.writes,
-        params=[
-            {
-                "granularity": key[0],
-                "bucket_ms": key[1],
-                "dimension": key[2],
-                "key": key[3],
-                "metric": key[4],
-                "count": count,
-                "histogram": text,
-                "updated_at_ms": now_ms,
-            }
-            for key, (count, text) in fresh.items()
-        ],
+        rows=[(*key, count, text, now_ms) for key, (count, text) in fresh.items()],
     )
 
 
@@ -440,19 +451,11 @@ class RollupRepository:
             ).rowcount
             if marked != len(batch.hashes):
                 raise RollupRaced
-            if batch.params:
-                upsert = dialect_insert(conn)(latency_rollups)
-                conn.execute(
-                    upsert.on_conflict_do_update(
-                        index_elements=list(ROLLUP_KEY_COLUMNS),
-                        set_={
-                            "count": upsert.excluded.count,
-                            "histogram": upsert.excluded.histogram,
-                            "updated_at_ms": upsert.excluded.updated_at_ms,
-                        },
-                    ),
-                    batch.params,  # one executemany: a statement per key cost more than the merging
-                )
+            if batch.rows:
+                # One executemany (a statement per key cost more than the merging) of plain tuples, through
+                # the driver: SQLAlchemy's per-row parameter processing was most of this write, which holds
+                # SQLite's one writer (and every commit point behind it) while it runs.
+                conn.exec_driver_sql(_upsert_sql(conn.dialect), batch.rows)
             _count_write(conn, batch.writes, now_ms)
             return len(batch.hashes)
 
