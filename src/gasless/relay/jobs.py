@@ -37,6 +37,10 @@ LOOK_AFTER_ROUNDS = 3
 MAX_HYPERBLOCKS_PER_TICK = 10  # a tracker that fell behind (a slow gateway) catches up this many a tick
 MAX_HYPERBLOCKS_BEHIND = 200  # further behind than this, it jumps to the newest and the looks cover the gap
 REJECTION_RETENTION_MS = 30 * 86_400_000
+# A round's moves are written in transactions of at most this many intents. SQLite has one writer: every
+# commit point that arrives while a round's transaction runs waits for its end, and a round at half the
+# maximum load (hundreds of executions and finalizations) held it long enough to be the relays' p99.
+ROUND_PART_INTENTS = 64
 
 
 def now_ms() -> int:
@@ -387,15 +391,18 @@ class Tracker(Worker):
             batch.replaced(winner, now)
 
     async def _commit(self, batch: _Batch, now: int) -> None:
-        if not batch.changes:
+        parts = batch.parts(ROUND_PART_INTENTS)
+        if not parts:
             return
-        changed = await self.repo.transition_many(batch.changes, now, self._tracked)
         seen = set()
-        for row in changed:
-            seen.add(int(row.pk))
-            if row.state == "DEAD":
-                log.info("intent dead", tx_hash=row.tx_hash, reason=(row.dead_reason or "")[:120])
-            self._publish(row)
+        # Each part is a transaction of its own, published as it commits; commit points waiting for the
+        # writer go in between two parts.
+        for part in parts:
+            for row in await self.repo.transition_many(part, now, self._tracked):
+                seen.add(int(row.pk))
+                if row.state == "DEAD":
+                    log.info("intent dead", tx_hash=row.tx_hash, reason=(row.dead_reason or "")[:120])
+                self._publish(row)
         # A guarded update that changed nothing: another host moved the row first. Re-read it.
         for pk in batch.expected - seen:
             row = self._tracked.get(pk)
@@ -445,8 +452,9 @@ def _updated(old: Rec, fresh: Rec) -> Rec:
 
 
 class _Batch:
-    """One round's state changes, written together (`IntentRepository.transition_many`), in order:
-    executions first, then the rivals they kill, then finalizations, then other deaths."""
+    """One round's state changes, written in parts of a bounded size (`parts`, each part one
+    `IntentRepository.transition_many`), in order: executions first, then the rivals they kill, then
+    finalizations, then other deaths."""
 
     def __init__(self) -> None:
         self._executed: dict[tuple[int | None, str, str | None], list[int]] = {}
@@ -493,24 +501,40 @@ class _Batch:
         )
         self.expected.add(int(row.pk))
 
-    @property
-    def changes(self) -> list[tuple[ColumnElement[bool], dict[str, Any]]]:
-        out: list[tuple[ColumnElement[bool], dict[str, Any]]] = []
+    def parts(self, limit: int) -> list[list[tuple[ColumnElement[bool], dict[str, Any]]]]:
+        """This round's changes in order, cut into transactions that each move at most `limit` intents (a
+        rival sweep counts as one). The sweeps go with the last executions, so a slot's winner and the
+        death of its rivals are written together."""
+        parts: list[list[tuple[ColumnElement[bool], dict[str, Any]]]] = [[]]
+        size = 0
+
+        def add(change: tuple[ColumnElement[bool], dict[str, Any]], count: int) -> None:
+            nonlocal size
+            if size and size + count > limit:
+                parts.append([])
+                size = 0
+            parts[-1].append(change)
+            size += count
+
         for (block_ts_ms, outcome, failure), pks in self._executed.items():
             values = {"state": "EXECUTED", "executed_block_ts_ms": block_ts_ms, "outcome": outcome}
             if failure is not None:
                 values["failure"] = failure
-            out.append((and_(intents.c.pk.in_(pks), intents.c.state.in_(("COSIGNED", "BROADCAST"))), values))
-        out.extend(self._replaced)
-        if self._final:
-            out.append(
-                (
-                    and_(intents.c.pk.in_(sorted(set(self._final))), intents.c.state == "EXECUTED"),
-                    {"state": "FINALIZED", "finalized_at_ms": self._final_at},
-                )
-            )
-        out.extend(self._dead)
-        return out
+            for start in range(0, len(pks), limit):
+                chunk = pks[start : start + limit]
+                where = and_(intents.c.pk.in_(chunk), intents.c.state.in_(("COSIGNED", "BROADCAST")))
+                add((where, values), len(chunk))
+        for sweep in self._replaced:
+            parts[-1].append(sweep)
+            size += 1
+        final = sorted(set(self._final))
+        for start in range(0, len(final), limit):
+            chunk = final[start : start + limit]
+            where = and_(intents.c.pk.in_(chunk), intents.c.state == "EXECUTED")
+            add((where, {"state": "FINALIZED", "finalized_at_ms": self._final_at}), len(chunk))
+        for death in self._dead:
+            add(death, 1)
+        return [part for part in parts if part]
 
 
 class Retention(Worker):
