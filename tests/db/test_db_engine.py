@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db import begin_write, create_engine, dialect_insert, ping, service_meta
-from gasless.db.engine import run_read, run_write
+from gasless.db.engine import _writer_gate, run_read, run_write
 from gasless.db.migrate import upgrade
 
 
@@ -133,6 +134,81 @@ async def test_sqlite_writers_queue_behind_begin_write(sqlite_url: str) -> None:
         await asyncio.gather(first, increment(0.0))
         async with engine.connect() as conn:
             assert (await conn.execute(text("SELECT n FROM counter"))).scalar_one() == 2
+    finally:
+        await engine.dispose()
+
+
+async def test_a_begin_write_transaction_never_overlaps_units_of_work_of_the_writer_thread(
+    sqlite_url: str,
+) -> None:
+    """A transaction on an async connection (`begin_write`) waits until the writer thread's queued units of
+    work are done, and units of work handed over while it waits go after it: SQLite never sees two writers
+    of this process at once (the loser would sleep in SQLite's busy handler)."""
+    engine = create_engine(sqlite_url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("CREATE TABLE log (what TEXT NOT NULL)"))
+        order: list[str] = []
+        release = threading.Event()
+
+        def held(conn: Connection) -> None:
+            order.append("held starts")
+            assert release.wait(10)
+            conn.execute(text("INSERT INTO log VALUES ('held')"))
+            order.append("held ends")
+
+        def after(conn: Connection) -> None:
+            conn.execute(text("INSERT INTO log VALUES ('after')"))
+            order.append("after")
+
+        async def exclusive() -> None:
+            async with begin_write(engine) as conn:
+                order.append("exclusive starts")
+                await conn.execute(text("INSERT INTO log VALUES ('exclusive')"))
+                order.append("exclusive ends")
+
+        first = asyncio.create_task(run_write(engine, held))
+        while not order:  # the writer thread runs `held`
+            await asyncio.sleep(0)
+        second = asyncio.create_task(exclusive())
+        while not _writer_gate(engine).exclusive.locked():
+            await asyncio.sleep(0)
+        third = asyncio.create_task(run_write(engine, after))
+        for _ in range(20):  # the async writer waits for `held`; `after` waits behind it
+            await asyncio.sleep(0)
+        assert order == ["held starts"]
+        # It waits here, not in SQLite's busy handler: it has not even taken a connection yet.
+        assert engine.sync_engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+        release.set()
+        await asyncio.gather(first, second, third)
+        assert order == ["held starts", "held ends", "exclusive starts", "exclusive ends", "after"]
+    finally:
+        await engine.dispose()
+
+
+async def test_units_of_work_run_one_after_another_without_the_event_loop(sqlite_url: str) -> None:
+    """Units of work handed to the writer thread run back to back: the second starts when the first ends,
+    even while the event loop is busy (here: blocked) and could not hand it over."""
+    engine = create_engine(sqlite_url)
+    try:
+        await run_write(engine, lambda conn: conn.execute(text("CREATE TABLE log (what TEXT NOT NULL)")))
+        release, second_ran = threading.Event(), threading.Event()
+
+        def first(conn: Connection) -> None:
+            assert release.wait(10)
+            conn.execute(text("INSERT INTO log VALUES ('first')"))
+
+        def second(conn: Connection) -> None:
+            conn.execute(text("INSERT INTO log VALUES ('second')"))
+            second_ran.set()
+
+        jobs = [asyncio.create_task(run_write(engine, first)), asyncio.create_task(run_write(engine, second))]
+        for _ in range(5):
+            await asyncio.sleep(0)  # both handed over
+        release.set()
+        # The loop thread blocks here: nothing on the loop can run until `second` has run on its own.
+        assert second_ran.wait(10), "the second unit of work waited for the event loop"
+        await asyncio.gather(*jobs)
     finally:
         await engine.dispose()
 

@@ -98,14 +98,33 @@ def _sqlite_on_begin(conn: Connection) -> None:
         cursor.close()
 
 
-_writer_locks: weakref.WeakKeyDictionary[Any, asyncio.Lock] = weakref.WeakKeyDictionary()
+@dataclass
+class _WriterGate:
+    """Who may write a SQLite file of this process, and when. SQLite has one writer; the writers of this
+    process queue here instead of in SQLite's busy handler, whose back-off sleeps (up to 100 ms per try)
+    would dominate latency under load (busy_timeout still arbitrates between processes).
+
+    Units of work for the writer thread (`run_write`) go straight into its queue: the thread runs them one
+    after another, in the order they were handed over, with no trip through the event loop between two of
+    them (under load that trip, waiting behind every ready task of the loop, left the writer idle for a
+    third of a slow commit point's wait; docs/performance.md). A transaction on an async connection
+    (`begin_write`) takes `exclusive`, then waits until the writer thread has nothing left; units of work
+    arriving meanwhile wait behind it."""
+
+    exclusive: asyncio.Lock
+    idle: asyncio.Event  # set while no unit of work is queued for or running on the writer thread
+    queued: int = 0
 
 
-def _writer_lock(engine: AsyncEngine) -> asyncio.Lock:
-    lock = _writer_locks.get(engine.sync_engine)
-    if lock is None:
-        lock = _writer_locks[engine.sync_engine] = asyncio.Lock()
-    return lock
+_writer_gates: weakref.WeakKeyDictionary[Any, _WriterGate] = weakref.WeakKeyDictionary()
+
+
+def _writer_gate(engine: AsyncEngine) -> _WriterGate:
+    gate = _writer_gates.get(engine.sync_engine)
+    if gate is None:
+        gate = _writer_gates[engine.sync_engine] = _WriterGate(asyncio.Lock(), asyncio.Event())
+        gate.idle.set()
+    return gate
 
 
 @asynccontextmanager
@@ -115,15 +134,15 @@ async def begin_write(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
         async with engine.connect() as conn, conn.begin():
             yield conn
         return
-    # SQLite has one writer. Writers of this process queue on an asyncio lock instead of in SQLite's busy
-    # handler, whose back-off sleeps (up to 100 ms per try) would dominate latency under load; busy_timeout
-    # still arbitrates between processes.
-    async with _writer_lock(engine), engine.connect() as conn:
-        # A deferred transaction that reads then writes can fail with SQLITE_BUSY without waiting;
-        # IMMEDIATE queues writers behind busy_timeout instead.
-        conn = await conn.execution_options(**{BEGIN_MODE_OPTION: "IMMEDIATE"})
-        async with conn.begin():
-            yield conn
+    gate = _writer_gate(engine)
+    async with gate.exclusive:
+        await gate.idle.wait()
+        async with engine.connect() as conn:
+            # A deferred transaction that reads then writes can fail with SQLITE_BUSY without waiting;
+            # IMMEDIATE queues writers behind busy_timeout instead.
+            conn = await conn.execution_options(**{BEGIN_MODE_OPTION: "IMMEDIATE"})
+            async with conn.begin():
+                yield conn
 
 
 # One hop per unit of work ------------------------------------------------------------------------------
@@ -261,14 +280,24 @@ async def run_write(engine: AsyncEngine, work: Callable[[Connection], T]) -> T:
         async with engine.connect() as conn, conn.begin():
             return await conn.run_sync(work)
     side = _threads(engine)
-    async with _writer_lock(engine):
+    gate = _writer_gate(engine)
+    if gate.exclusive.locked():
+        async with gate.exclusive:  # behind a transaction on an async connection, held or waiting
+            pass
+    gate.queued += 1
+    gate.idle.clear()
+    try:
         job = asyncio.get_running_loop().run_in_executor(side.writer, partial(side.write, work))
         try:
             return await asyncio.shield(job)
         except asyncio.CancelledError:
-            # Keep the lock until the transaction is over, so the next writer never meets SQLITE_BUSY.
+            # Counted until the transaction is over, so an async connection's writer never meets SQLITE_BUSY.
             await asyncio.wait([job])
             raise
+    finally:
+        gate.queued -= 1
+        if gate.queued == 0:
+            gate.idle.set()
 
 
 async def run_read(engine: AsyncEngine, work: Callable[[Connection], T]) -> T:
