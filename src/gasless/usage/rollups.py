@@ -28,7 +28,6 @@ from typing import Any
 import structlog
 from hdrh.histogram import HdrHistogram
 from sqlalchemy import Connection, and_, bindparam, delete, func, select, tuple_, update
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -290,9 +289,10 @@ def _locked_writes(conn: Connection, now_ms: int) -> int:
 
 
 @functools.cache
-def _upsert_sql(dialect: Dialect) -> str:
-    """The rollup rows' upsert in the dialect's SQL, its positional parameters in column order."""
-    upsert = (postgresql.insert if dialect.name == "postgresql" else sqlite.insert)(latency_rollups)
+def _upsert_sql(insert: Any, dialect: Dialect) -> str:
+    """The rollup rows' upsert (`insert`: the dialect's, from `dialect_insert`) in the dialect's SQL, its
+    positional parameters in column order."""
+    upsert = insert(latency_rollups)
     statement = upsert.values({column.name: bindparam(column.name) for column in latency_rollups.c})
     statement = statement.on_conflict_do_update(
         index_elements=list(ROLLUP_KEY_COLUMNS),
@@ -304,7 +304,8 @@ def _upsert_sql(dialect: Dialect) -> str:
     )
     compiled = statement.compile(dialect=dialect)
     # `PreparedBatch.rows` are tuples in column order: the statement must take its parameters so.
-    assert compiled.positiontup == [column.name for column in latency_rollups.c], compiled.positiontup
+    if compiled.positiontup != [column.name for column in latency_rollups.c]:
+        raise RuntimeError(f"the rollups' upsert takes its parameters as {compiled.positiontup}")
     return str(compiled)
 
 
@@ -455,7 +456,7 @@ class RollupRepository:
                 # One executemany (a statement per key cost more than the merging) of plain tuples, through
                 # the driver: SQLAlchemy's per-row parameter processing was most of this write, which holds
                 # SQLite's one writer (and every commit point behind it) while it runs.
-                conn.exec_driver_sql(_upsert_sql(conn.dialect), batch.rows)
+                conn.exec_driver_sql(_upsert_sql(dialect_insert(conn), conn.dialect), batch.rows)
             _count_write(conn, batch.writes, now_ms)
             return len(batch.hashes)
 
