@@ -221,11 +221,11 @@ _SET_PERIOD_USAGE = (
 @functools.cache
 def _insert_ledger_rows(insert: Any) -> Any:
     """The ledger rows of the intents a round executed or killed, built in SQL from the intent and its held
-    reservation (`pks`; `now`), for the dialect's `insert`. Each row's 30 values built and bound in Python made the ledger insert about
-    a third of a round's time in SQLite's one write lock; in one statement the round costs the writer about
-    a fifth less (docs/performance.md). Runs before the reservations move: a row is billed when its intent
-    executed and a reservation was held. A row is written once per intent (another host's tracker may have
-    written it first)."""
+    reservation (`pks`; `now`), for the dialect's `insert`. Each row's 30 values built and bound in Python
+    made the ledger insert about a third of a round's time in SQLite's one write lock; in one statement the
+    round costs the writer about a fifth less (docs/performance.md). Runs before the reservations move: a
+    row is billed when its intent executed and a reservation was held. A row is written once per intent
+    (another host's tracker may have written it first)."""
     i, r = intents.c, reservations.c
     now = bindparam("now", type_=usage_ledger.c.created_at_ms.type)
     executed = i.state.in_(("EXECUTED", "FINALIZED"))

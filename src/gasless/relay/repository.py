@@ -385,8 +385,9 @@ class IntentRepository:
         The tracker writes a round this way, in parts of a bounded size (`relay/jobs.ROUND_PART_INTENTS`):
         one write a part, not one per intent. The updates return only the columns an update can write
         (`CHANGING`): a row the caller already holds (`held`: pk -> its last known row) is completed from it
-        after the write; any other is read whole in the same transaction. Returning and decoding every column (the billing document above all) inside
-        the write held SQLite's one writer, and every commit point behind it, about a third longer.
+        after the write; any other is read whole in the same transaction. Returning and decoding every
+        column (the billing document above all) inside the write held SQLite's one writer, and every commit
+        point behind it, about a third longer.
         """
         if not changes:
             return []
