@@ -317,7 +317,8 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
         f"API idle: {api['idle_instructions_per_s'] / 1e6:.1f} M instructions per second of its clock "
         f"(the timed work alone); relays answered in {api['service_seconds']:.2f} s of its clock, final "
         f"{api['tail_service_seconds']:.2f} s later: {api['instructions'] / 1e6:.0f} M counted, less "
-        f"{(api['instructions'] - api['counted_instructions']) / 1e6:.0f} M of idle cost after the last answer"
+        f"{(api['instructions'] - api['counted_instructions']) / 1e6:.0f} M of idle cost after the last "
+        "answer"
     )
     console.print(
         f"API / bare endpoint = {api_per_relay / bare_per_relay:.2f}x the instructions per relay "
