@@ -20,7 +20,7 @@ sees at its real maximum. The run prints the relays per second of the service's 
 
 The bare endpoint (`bench/stack_floor.py --serve`) has no timed work and runs on the real clock.
 
-    .venv/bin/python bench/instructions.py --senders 16 --per-sender 24 --concurrency 16 --slowdown 50
+    .venv/bin/python bench/instructions.py --senders 16 --per-sender 24 --concurrency 16 --slowdown 20
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,7 @@ class Callgrind:
         self.out_dir = out_dir
         self.name = name
         self.pid = 0
+        self.last_dump: Path | None = None
 
     def command(self, argv: list[str]) -> list[str]:
         return [
@@ -125,10 +127,38 @@ class Callgrind:
         before = set(self.out_dir.glob(f"{self.name}.{self.pid}*"))
         self._control("--dump")
         (dump,) = set(self.out_dir.glob(f"{self.name}.{self.pid}*")) - before
+        self.last_dump = dump
         match = re.search(r"^(?:summary|totals): (\d+)", dump.read_text(), re.MULTILINE)
         if match is None:
             raise RuntimeError(f"no totals in {dump}")
         return int(match.group(1))
+
+
+def by_library(dump: Path) -> Counter[str]:
+    """The instructions of a callgrind dump by the shared object that executed them (self cost: a call's
+    inclusive cost, the line after `calls=`, is not added again)."""
+    names: dict[str, str] = {}
+    costs: Counter[str] = Counter()
+    library, inclusive = "?", False
+    for line in dump.read_text().splitlines():
+        if line.startswith("ob="):
+            ref, _, name = line[3:].partition(" ")
+            if name:
+                names[ref] = name.rsplit("/", 1)[-1]
+            library = names.get(ref, ref)
+        elif line.startswith("cob="):
+            ref, _, name = line[4:].partition(" ")
+            if name:
+                names[ref] = name.rsplit("/", 1)[-1]
+        elif line.startswith("calls="):
+            inclusive = True
+        elif line[:1].isdigit() or line[:1] in "+-*":
+            fields = line.split()
+            if inclusive:
+                inclusive = False
+            elif len(fields) > 1:
+                costs[library] += int(fields[1])
+    return costs
 
 
 async def bare_endpoint(
@@ -163,7 +193,14 @@ async def bare_endpoint(
     finally:
         stop_processes([proc])
     ok = len(latencies)
-    return {"ok": ok, "relays": len(bodies), "seconds": elapsed, "instructions": instructions}
+    libraries = by_library(counter.last_dump) if counter.last_dump else Counter()
+    return {
+        "ok": ok,
+        "relays": len(bodies),
+        "seconds": elapsed,
+        "instructions": instructions,
+        "libraries": dict(libraries),
+    }
 
 
 async def service(
@@ -246,6 +283,7 @@ async def service(
         "instructions": instructions,
         "idle_instructions_per_s": idle_per_s,
         "counted_instructions": instructions - idle_per_s * (ended - posted),
+        "libraries": dict(by_library(counter.last_dump)) if counter.last_dump else {},
     }
 
 
@@ -311,6 +349,20 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
         f"{api['ok'] / api['service_seconds']:.0f}",
     )
     console.print(table)
+    # Where the difference is executed: the interpreter (the code of both and of their libraries), or a
+    # library's compiled code (libsodium, SQLite, the JSON codec...). Whole-window counts, per relay.
+    libraries = Table(title="M instructions per relay, by the shared object executing them (self cost)")
+    for col in ("object", "bare endpoint", "gasless serve", "difference"):
+        libraries.add_column(col)
+    shown = sorted(
+        set(bare["libraries"]) | set(api["libraries"]),
+        key=lambda name: -(api["libraries"].get(name, 0) / max(1, api["ok"])),
+    )
+    for name in shown[:12]:
+        b = bare["libraries"].get(name, 0) / max(1, bare["ok"]) / 1e6
+        a = api["libraries"].get(name, 0) / max(1, api["ok"]) / 1e6
+        libraries.add_row(name, f"{b:.3f}", f"{a:.3f}", f"{a - b:+.3f}")
+    console.print(libraries)
     if api["errors"]:
         console.print(f"[red]API errors[/red]: {api['errors'][:10]}")
     console.print(
@@ -349,7 +401,7 @@ def main() -> int:
     parser.add_argument(
         "--slowdown",
         type=float,
-        default=50.0,
+        default=20.0,
         help="how many times slower than real time the API's and localnet's clock runs (near callgrind's "
         "own slowdown of the API)",
     )

@@ -348,6 +348,53 @@ def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+class StorageCpu:
+    """CPU seconds the shared storage spent: the whole PostgreSQL server (every process of the postmaster's:
+    the backends, and the WAL writer and checkpointer our writes keep busy; the server runs on this machine,
+    so /proc has their times, and a backend that exits hands its time to the postmaster's children's times)
+    and the Redis server (`INFO cpu`). Both servers may serve others too: run it on a quiet machine."""
+
+    def __init__(self, database_url: str, redis_url: str) -> None:
+        self.database_url = database_url
+        self.redis_url = redis_url
+        self._postmaster = 0
+
+    async def seconds(self) -> dict[str, float]:
+        if not self._postmaster:
+            import asyncpg
+            from sqlalchemy.engine import make_url
+
+            url = make_url(self.database_url).set(drivername="postgresql")
+            conn = await asyncpg.connect(url.render_as_string(hide_password=False))
+            try:  # a backend's parent is the postmaster (read while the backend lives)
+                self._postmaster = int(_proc_stat(await conn.fetchval("SELECT pg_backend_pid()"))[1])
+            finally:
+                await conn.close()
+        stat = _proc_stat(self._postmaster)
+        ticks = sum(int(field) for field in stat[11:15])  # its own and its ended children's times
+        for child in Path(f"/proc/{self._postmaster}/task/{self._postmaster}/children").read_text().split():
+            try:
+                ticks += sum(int(field) for field in _proc_stat(int(child))[11:13])
+            except OSError:
+                pass  # ended since the listing: its time is in the postmaster's children's times now
+        redis = 0.0
+        if self.redis_url:
+            from redis.asyncio import Redis
+
+            client = Redis.from_url(self.redis_url)
+            try:
+                info = await client.info("cpu")
+            finally:
+                await client.aclose()
+            redis = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        return {"postgresql": ticks / os.sysconf("SC_CLK_TCK"), "redis": redis}
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state first: utime is [11], stime [12])."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 class InstructionCount:
     """Instructions the processes execute between start() and stop(), counted by `perf stat` (Linux
     perf_event): unlike CPU time, the count does not move with the VM's speed or with other load, so it
@@ -393,21 +440,36 @@ def stop_processes(procs: list[subprocess.Popen[Any]]) -> None:
 
 
 async def measured_phase(
-    procs: list[subprocess.Popen[bytes]], phase: Coroutine[Any, Any, tuple[float, list[dict[str, Any]]]]
-) -> tuple[float, list[dict[str, Any]], float, int | None]:
+    procs: list[subprocess.Popen[bytes]],
+    phase: Coroutine[Any, Any, tuple[float, list[dict[str, Any]]]],
+    storage: StorageCpu | None = None,
+) -> tuple[float, list[dict[str, Any]], float, int | None, dict[str, float]]:
     """Runs one phase of posts; returns its (seconds, results) with the CPU seconds and the instructions
-    (None without perf) the processes spent meanwhile."""
+    (None without perf) the processes spent meanwhile, and the CPU seconds of the shared storage (PostgreSQL
+    backends, Redis) with `storage`."""
     counter = InstructionCount([proc.pid for proc in procs])
+    storage_before = await storage.seconds() if storage else {}
     counter.start()
     cpu_before = cpu_seconds(procs)
     elapsed, results = await phase
     cpu_used = cpu_seconds(procs) - cpu_before
-    return elapsed, results, cpu_used, counter.stop()
+    instructions = counter.stop()
+    storage_after = await storage.seconds() if storage else {}
+    storage_used = {name: storage_after[name] - storage_before[name] for name in storage_after}
+    return elapsed, results, cpu_used, instructions, storage_used
 
 
-def add_costs(row: dict[str, Any], cpu_used: float, instructions: int | None) -> None:
+def add_costs(
+    row: dict[str, Any], cpu_used: float, instructions: int | None, storage_used: dict[str, float]
+) -> None:
     row["api_cpu_ms_per_relay"] = 1000 * cpu_used / max(1, row["ok"])
     row["api_instructions_per_relay"] = instructions / max(1, row["ok"]) if instructions else None
+    row["storage_cpu_ms_per_relay"] = {
+        name: 1000 * seconds / max(1, row["ok"]) for name, seconds in storage_used.items()
+    }
+    row["service_cpu_ms_per_relay"] = row["api_cpu_ms_per_relay"] + sum(
+        row["storage_cpu_ms_per_relay"].values()
+    )
 
 
 def summarize(label: str, elapsed: float, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -557,10 +619,17 @@ def print_requests(label: str, per_relay: dict[str, float] | None) -> None:
 
 
 async def run(
-    args: argparse.Namespace, data_dir: Path, *, unbilled: bool = False, rollups: bool = True
+    args: argparse.Namespace,
+    data_dir: Path,
+    *,
+    unbilled: bool = False,
+    rollups: bool = True,
+    sqlite: bool = False,
 ) -> dict[str, Any]:
     """One full run (max, then paced at `--paced-share` of it); `unbilled` serves the API with billing off
-    (bench_unbilled)."""
+    (bench_unbilled); `sqlite` serves one host on SQLite whatever `--database-url` says."""
+    if sqlite:
+        args = argparse.Namespace(**{**vars(args), "database_url": "", "redis_url": "", "hosts": 1})
     gw_port = free_port()
     api_ports = [free_port() for _ in range(args.hosts)]
     gateway = f"http://127.0.0.1:{gw_port}"
@@ -568,6 +637,7 @@ async def run(
     py = sys.executable
     localnet_profile = ["-m", "cProfile", "-o", args.profile_localnet] if args.profile_localnet else []
     database_url = await create_bench_database(args.database_url) if args.database_url else ""
+    storage_cpu = StorageCpu(database_url, args.redis_url) if database_url else None
     localnet = subprocess.Popen(
         [
             py,
@@ -649,14 +719,14 @@ async def run(
             # Warm-up, then the maximum: closed loop at high concurrency.
             with console.status(f"max throughput: {len(first)} relays at concurrency {args.concurrency}"):
                 counted = await gateway_requests(session, gateway)
-                elapsed, results, cpu_used, instructions = await measured_phase(
-                    api_procs, post_all(session, first, args.concurrency, None)
+                elapsed, results, cpu_used, instructions, storage_used = await measured_phase(
+                    api_procs, post_all(session, first, args.concurrency, None), storage_cpu
                 )
                 requests_max = requests_per_relay(
                     counted, await gateway_requests(session, gateway), len(first)
                 )
             top = summarize("max (closed loop)", elapsed, results)
-            add_costs(top, cpu_used, instructions)
+            add_costs(top, cpu_used, instructions, storage_used)
             top["gateway_requests_per_relay"] = requests_max
             await asyncio.sleep(max(2.0, 4 * args.round_ms / 1000))  # let the first set settle
             with console.status("pre-signing the paced run"):
@@ -667,14 +737,14 @@ async def run(
             share = rate / top["relays_per_s"]
             with console.status(f"paced at {rate:.0f}/s ({share:.0%} of max)"):
                 counted = await gateway_requests(session, gateway)
-                elapsed, results, cpu_used, instructions = await measured_phase(
-                    api_procs, post_all(session, second, args.concurrency, rate)
+                elapsed, results, cpu_used, instructions, storage_used = await measured_phase(
+                    api_procs, post_all(session, second, args.concurrency, rate), storage_cpu
                 )
                 requests_paced = requests_per_relay(
                     counted, await gateway_requests(session, gateway), len(second)
                 )
             paced = summarize(f"paced at {share:.0%} of max", elapsed, results)
-            add_costs(paced, cpu_used, instructions)
+            add_costs(paced, cpu_used, instructions, storage_used)
             paced["gateway_requests_per_relay"] = requests_paced
             with console.status("reading the paced relays' roundsToInclusion back"):
                 paced["inclusion"] = await inclusion_rounds(
@@ -774,6 +844,13 @@ async def run(
     console.print(
         f"idle API process: {idle_cpu_ms_per_s:.0f} ms of CPU per s (its polls and background jobs)"
     )
+    if database_url:
+        for row in (top, paced):
+            parts = ", ".join(f"{name} {ms:.2f}" for name, ms in row["storage_cpu_ms_per_relay"].items())
+            console.print(
+                f"{row['label']}: the service's processes {row['service_cpu_ms_per_relay']:.2f} ms of CPU per "
+                f"relay (API {row['api_cpu_ms_per_relay']:.2f}, {parts})"
+            )
     # Counted over each phase's window: the API's own requests (checks, sends, tracking, polls).
     print_requests("max", top["gateway_requests_per_relay"])
     print_requests("paced", paced["gateway_requests_per_relay"])
@@ -840,6 +917,13 @@ def main() -> int:
         "acceptToCosign difference: the rollups work off the relay's path",
     )
     parser.add_argument(
+        "--storage-ratio",
+        action="store_true",
+        help="first run one host on SQLite, then the run asked for on --database-url and --redis-url, and "
+        "print the CPU per relay of the service's processes (API, PostgreSQL backends, Redis) against "
+        "SQLite's (issue 17, target 5: at most 1.5x)",
+    )
+    parser.add_argument(
         "--unbilled",
         action="store_true",
         help="also run with billing off (setting bench_unbilled) and print the p50 acceptToCosign difference",
@@ -849,8 +933,15 @@ def main() -> int:
         parser.error("--hosts 2 needs --database-url (PostgreSQL) and --redis-url: hosts share both")
     if not 0 < args.paced_share <= 1:
         parser.error("--paced-share is a share of the maximum: more than 0, at most 1")
+    if args.storage_ratio and not (args.database_url and args.redis_url):
+        parser.error("--storage-ratio needs --database-url (PostgreSQL) and --redis-url")
+    if args.storage_ratio:
+        with tempfile.TemporaryDirectory() as tmp:
+            on_sqlite = asyncio.run(run(args, Path(tmp), sqlite=True))
     with tempfile.TemporaryDirectory() as tmp:
         billed = asyncio.run(run(args, Path(tmp)))
+    if args.storage_ratio:
+        compare_storage(on_sqlite, billed)
     if args.unbilled:
         with tempfile.TemporaryDirectory() as tmp:
             unbilled = asyncio.run(run(args, Path(tmp), unbilled=True))
@@ -860,6 +951,19 @@ def main() -> int:
             without = asyncio.run(run(args, Path(tmp), rollups=False))
         compare_rollups(billed, without)
     return 0
+
+
+def compare_storage(on_sqlite: dict[str, Any], shared: dict[str, Any]) -> None:
+    """The CPU per relay of the service's processes on PostgreSQL + Redis against one host on SQLite."""
+    for phase in ("max", "paced"):
+        lite, pg = on_sqlite[phase], shared[phase]
+        console.print(
+            f"{phase}: {shared['hosts']} host(s) on PostgreSQL + Redis {pg['service_cpu_ms_per_relay']:.2f} ms of "
+            f"CPU per relay ({pg['relays_per_s']:.0f} relays/s) against one host on SQLite "
+            f"{lite['service_cpu_ms_per_relay']:.2f} ({lite['relays_per_s']:.0f} relays/s): "
+            f"{pg['service_cpu_ms_per_relay'] / lite['service_cpu_ms_per_relay']:.2f}x "
+            "(issue 17, target 5: at most 1.5x)"
+        )
 
 
 def compare_rollups(with_rollups: dict[str, Any], without: dict[str, Any]) -> None:
