@@ -13,7 +13,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db import begin_write, create_engine, dialect_insert, ping, service_meta
-from gasless.db.engine import _writer_gate, run_read, run_write
+from gasless.db.engine import _writer_gate, run_read, run_write, transactional
 from gasless.db.migrate import upgrade
 
 
@@ -37,6 +37,7 @@ async def test_rolled_back_transaction_undoes_ddl_and_writes(db_engine: AsyncEng
     async with db_engine.begin() as conn:
         await conn.execute(text("CREATE TABLE kept (x INTEGER)"))
     async with db_engine.connect() as conn:
+        conn = await transactional(conn)
         await conn.execute(text("INSERT INTO kept (x) VALUES (1)"))
         await conn.execute(text("CREATE TABLE dropped (x INTEGER)"))
         await conn.rollback()
@@ -45,6 +46,43 @@ async def test_rolled_back_transaction_undoes_ddl_and_writes(db_engine: AsyncEng
         count = (await conn.execute(text("SELECT count(*) FROM kept"))).scalar_one()
     assert names == {"kept"}
     assert count == 0
+
+
+@pytest.mark.postgres
+async def test_postgresql_reads_run_alone_and_writes_in_one_transaction(postgres_url: str) -> None:
+    """A read's statement is its own transaction (no BEGIN before it, no ROLLBACK after); every write path
+    (`begin_write`, `run_write`, and `transactional`) is one transaction, its statements committed or
+    rolled back together. Two statements of one transaction share its id; two taken alone have two."""
+    engine = create_engine(postgres_url)
+    xid = text("SELECT pg_current_xact_id()::text")
+    try:
+        async with engine.connect() as conn:
+            assert (await conn.execute(xid)).scalar_one() != (await conn.execute(xid)).scalar_one()
+            await conn.execute(text("CREATE TABLE t (x INTEGER)"))
+        async with begin_write(engine) as conn:
+            assert (await conn.execute(xid)).scalar_one() == (await conn.execute(xid)).scalar_one()
+
+        def one_id(sync: Connection) -> bool:
+            return bool(sync.execute(xid).scalar_one() == sync.execute(xid).scalar_one())
+
+        assert await run_write(engine, one_id) is True
+        assert await run_read(engine, one_id) is False
+
+        def half_then_fail(sync: Connection) -> None:
+            sync.execute(text("INSERT INTO t (x) VALUES (1)"))
+            raise RuntimeError("after the first statement")
+
+        with pytest.raises(RuntimeError):
+            await run_write(engine, half_then_fail)
+        with pytest.raises(RuntimeError):
+            async with begin_write(engine) as conn:
+                await conn.execute(text("INSERT INTO t (x) VALUES (2)"))
+                raise RuntimeError("after the first statement")
+        async with engine.connect() as conn:  # back from the pool in autocommit again
+            assert (await conn.execute(text("SELECT count(*) FROM t"))).scalar_one() == 0
+            assert (await conn.execute(xid)).scalar_one() != (await conn.execute(xid)).scalar_one()
+    finally:
+        await engine.dispose()
 
 
 @pytest.mark.parametrize(

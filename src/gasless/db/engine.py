@@ -35,9 +35,15 @@ def create_engine(url: str, *, connect_timeout: float = 10.0, echo: bool = False
     if parsed.drivername == "sqlite+aiosqlite":
         return _create_sqlite_engine(url, connect_timeout=connect_timeout, echo=echo)
     if parsed.drivername == "postgresql+asyncpg":
+        # Connections are in autocommit unless a transaction is asked for (`transactional`: every write
+        # path does). A read then costs its statement alone, not BEGIN, the statement and the ROLLBACK on
+        # return: three statements on the server and three round trips for one (docs/performance.md,
+        # target 5). Under READ COMMITTED each statement of a transaction takes its own snapshot anyway,
+        # so a read of several statements sees nothing different outside one.
         return create_async_engine(
             url,
             echo=echo,
+            isolation_level="AUTOCOMMIT",
             pool_pre_ping=True,
             pool_size=10,
             max_overflow=10,
@@ -127,12 +133,23 @@ def _writer_gate(engine: AsyncEngine) -> _WriterGate:
     return gate
 
 
+async def transactional(conn: AsyncConnection) -> AsyncConnection:
+    """`conn`, whose `begin()` starts a real transaction: a PostgreSQL connection leaves the engine's
+    autocommit for READ COMMITTED until it goes back to the pool (no round trip: asyncpg's BEGIN carries
+    the level). SQLite connections are transactional already."""
+    if conn.dialect.name == "postgresql":
+        return await conn.execution_options(isolation_level="READ COMMITTED")
+    return conn
+
+
 @asynccontextmanager
 async def begin_write(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
     """A transaction meant to write: on SQLite it takes the write lock up front (BEGIN IMMEDIATE)."""
     if engine.dialect.name != "sqlite":
-        async with engine.connect() as conn, conn.begin():
-            yield conn
+        async with engine.connect() as conn:
+            conn = await transactional(conn)
+            async with conn.begin():
+                yield conn
         return
     gate = _writer_gate(engine)
     async with gate.exclusive:
@@ -277,8 +294,10 @@ async def run_write(engine: AsyncEngine, work: Callable[[Connection], T]) -> T:
         if engine.dialect.name == "sqlite":
             async with begin_write(engine) as conn:
                 return await conn.run_sync(work)
-        async with engine.connect() as conn, conn.begin():
-            return await conn.run_sync(work)
+        async with engine.connect() as conn:
+            conn = await transactional(conn)
+            async with conn.begin():
+                return await conn.run_sync(work)
     side = _threads(engine)
     gate = _writer_gate(engine)
     if gate.exclusive.locked():

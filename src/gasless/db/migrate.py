@@ -16,7 +16,7 @@ from sqlalchemy import Connection, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from gasless.db.engine import BEGIN_MODE_OPTION, PRE_BEGIN_OPTION, create_engine
+from gasless.db.engine import BEGIN_MODE_OPTION, PRE_BEGIN_OPTION, create_engine, transactional
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # Key of the PostgreSQL advisory lock serialising migrators across processes and hosts.
@@ -120,6 +120,7 @@ async def _migrate(conn: AsyncConnection, action: str, revision: str) -> None:
                 ),
             }
         )
+    conn = await transactional(conn)
     async with conn.begin():
         if conn.dialect.name == "postgresql":
             # Released at commit; PostgreSQL DDL is transactional, so the whole run is atomic.

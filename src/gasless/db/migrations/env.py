@@ -8,7 +8,7 @@ import os
 from alembic import context
 from sqlalchemy import Connection
 
-from gasless.db.engine import create_engine
+from gasless.db.engine import create_engine, transactional
 from gasless.db.tables import metadata
 
 config = context.config
@@ -41,6 +41,7 @@ async def _run_from_url(url: str) -> None:
     engine = create_engine(url)
     try:
         async with engine.connect() as conn:
+            conn = await transactional(conn)
             await conn.run_sync(_run)
             await conn.commit()
     finally:
