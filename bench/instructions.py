@@ -47,6 +47,8 @@ from rich.table import Table
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from relay import (  # noqa: E402  (the sibling benchmarks)
     SECRET,
+    create_bench_database,
+    drop_bench_database,
     free_port,
     grant_plans,
     post_all,
@@ -211,8 +213,26 @@ async def service(
     clock: SlowClock,
     data_dir: Path,
 ) -> dict[str, Any]:
-    """`gasless serve` (SQLite) under callgrind on the slowed clock: instructions per relay at its maximum,
-    and per second of its clock when idle."""
+    """`gasless serve` (SQLite, or PostgreSQL + Redis with `--database-url`) under callgrind on the slowed
+    clock: instructions per relay at its maximum, and per second of its clock when idle. Only the API
+    process is counted: the database and Redis servers run on the real clock, outside callgrind."""
+    database_url = await create_bench_database(args.database_url) if args.database_url else ""
+    try:
+        return await _service(args, session, gateway, info, clock, data_dir, database_url)
+    finally:
+        if database_url:
+            await drop_bench_database(args.database_url, database_url)
+
+
+async def _service(
+    args: argparse.Namespace,
+    session: aiohttp.ClientSession,
+    gateway: str,
+    info: dict[str, Any],
+    clock: SlowClock,
+    data_dir: Path,
+    database_url: str,
+) -> dict[str, Any]:
     port, metrics_port = free_port(), free_port()
     api = f"http://127.0.0.1:{port}"
     wallets = data_dir / "localnet" / "wallets"
@@ -228,6 +248,9 @@ async def service(
         "GASLESS_HOST_ID": "a",
         "GASLESS_METRICS_PORT": str(metrics_port),
     }
+    if database_url:
+        env["GASLESS_DATABASE_URL"] = database_url
+        env["GASLESS_REDIS_URL"] = args.redis_url
     metrics = f"http://127.0.0.1:{metrics_port}/metrics"
     counter = Callgrind(data_dir, "api")
     argv = [sys.executable, "-m", "gasless.cli", "serve", "--port", str(port)]
@@ -342,7 +365,8 @@ def report(args: argparse.Namespace, figures: dict[str, Any]) -> None:
         "-",
     )
     table.add_row(
-        f"gasless serve (SQLite), clock slowed {args.slowdown:g}x",
+        f"gasless serve ({'PostgreSQL + Redis' if args.database_url else 'SQLite'}), clock slowed "
+        f"{args.slowdown:g}x",
         f"{api['ok']} / {api['relays']}",
         f"{api_per_relay / 1e6:.2f}",
         f"{api['ok'] / api['seconds']:.1f}",
@@ -406,6 +430,13 @@ def main() -> int:
         "own slowdown of the API)",
     )
     parser.add_argument(
+        "--database-url",
+        default="",
+        help="serve the API on PostgreSQL (postgresql+asyncpg://...; a fresh database is made for the run) "
+        "and --redis-url",
+    )
+    parser.add_argument("--redis-url", default="", help="Redis, with --database-url")
+    parser.add_argument(
         "--keep", default="", help="copy the callgrind dumps here (for callgrind_annotate) before cleaning up"
     )
     parser.add_argument(
@@ -415,6 +446,8 @@ def main() -> int:
         help="seconds of the service's clock its idle cost is counted for",
     )
     args = parser.parse_args()
+    if bool(args.database_url) != bool(args.redis_url):
+        parser.error("--database-url and --redis-url go together (the service's shared state)")
     missing = [tool for tool in ("valgrind", "callgrind_control") if shutil.which(tool) is None]
     library = next((path for path in FAKETIME_LIBRARIES if Path(path).exists()), None)
     if missing or library is None:
