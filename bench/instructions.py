@@ -8,19 +8,23 @@ Both servers run under `valgrind --tool=callgrind` in one invocation, one after 
 bottleneck of the closed loop. What it executes in the window is what is counted, all threads (the API's
 SQLite writer thread too).
 
-Callgrind runs a process 50-100 times slower, but the clock does not slow with it. The API's timed work (the
-network poll twice a round, the tracker's rounds, the outbox and the other jobs: about 40 ms of CPU a
-second when idle) would run at its usual pace in real time and weigh 50-100 times more per relay than it
-does at the real maximum; unslowed, it alone would saturate the process before the first relay arrived. So
-the API and localnet run on one slowed clock (libfaketime, Debian's `faketime` package, `--slowdown`
-times slower than real time, both anchored to one instant so that the API's view of the chain's clock stays
-synchronised). At a slowdown near callgrind's own, the service sees the relays per round and per poll it
-sees at its real maximum. The run prints the relays per second of the service's clock, to compare with
-`bench/relay.py`'s maximum, and the API's idle instructions per second of its clock.
+Callgrind runs a process many times slower (about 20 times for the API on a 2-core VM), but the clock does
+not slow with it. The API's timed work (the network poll twice a round, the tracker's rounds, the outbox and
+the other jobs: about 40 ms of CPU a second when idle) would run at its usual pace in real time and weigh
+that many times more per relay than it does at the real maximum. So the API and localnet run on one slowed
+clock (libfaketime, Debian's `faketime` package, `--slowdown` times slower than real time, both anchored to
+one instant so that the API's view of the chain's clock stays synchronised). Choose `--slowdown` so that
+the relays per second of the service's clock, which the run prints, match `bench/relay.py`'s maximum on the
+same machine: the service then sees the relays per round and per poll it sees at its real maximum. The
+run also prints the API's idle instructions per second of its clock.
+
+With `--database-url` and `--redis-url` the API runs on PostgreSQL + Redis. Those servers answer on the real
+clock, so the service's blocking reads and timeouts there return too often on the slowed one: the count
+overstates the per-relay cost, but compares two builds run the same way.
 
 The bare endpoint (`bench/stack_floor.py --serve`) has no timed work and runs on the real clock.
 
-    .venv/bin/python bench/instructions.py --senders 16 --per-sender 24 --concurrency 16 --slowdown 20
+    .venv/bin/python bench/instructions.py --senders 32 --per-sender 24 --warmup-per-sender 2 --concurrency 32
 """
 
 from __future__ import annotations
@@ -417,10 +421,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--senders", type=int, default=16)
+    parser.add_argument("--senders", type=int, default=32)
     parser.add_argument("--per-sender", type=int, default=24, help="counted relays per sender")
-    parser.add_argument("--warmup-per-sender", type=int, default=4)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--warmup-per-sender", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--round-ms", type=int, default=600, help="localnet's round, on the slowed clock")
     parser.add_argument(
         "--slowdown",
