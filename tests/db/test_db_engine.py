@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Connection, create_mock_engine, inspect, select, text
+from sqlalchemy import Connection, create_mock_engine, event, inspect, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -83,6 +83,36 @@ async def test_postgresql_reads_run_alone_and_writes_in_one_transaction(postgres
             assert (await conn.execute(xid)).scalar_one() != (await conn.execute(xid)).scalar_one()
     finally:
         await engine.dispose()
+
+
+@pytest.mark.postgres
+async def test_postgresql_pool_keeps_twenty_connections_across_bursts(postgres_url: str) -> None:
+    """Twenty requests at once, twice: the second burst reuses the first burst's connections. A pool of 10
+    closed the ten extra ones at every return and opened them again at the next burst: under load a new
+    backend (and TLS handshake) every few relays, which doubled the CPU per relay on PostgreSQL
+    (docs/performance.md, thirteenth session)."""
+    engine = create_engine(postgres_url)
+    opened = 0
+
+    def count(*_: object) -> None:
+        nonlocal opened
+        opened += 1
+
+    event.listen(engine.sync_engine, "connect", count)
+    everyone_in = asyncio.Barrier(20)
+
+    async def hold() -> None:
+        async with engine.connect() as conn:
+            await everyone_in.wait()  # all twenty checked out at once
+            await conn.execute(text("SELECT 1"))
+
+    try:
+        await asyncio.gather(*(hold() for _ in range(20)))
+        everyone_in = asyncio.Barrier(20)
+        await asyncio.gather(*(hold() for _ in range(20)))
+    finally:
+        await engine.dispose()
+    assert opened == 20
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,12 @@ def create_engine(url: str, *, connect_timeout: float = 10.0, echo: bool = False
             echo=echo,
             isolation_level="AUTOCOMMIT",
             pool_pre_ping=True,
-            pool_size=10,
+            # Kept connections cover a host's usual concurrency: with 10, the overflow connections were
+            # closed at every return and opened again at the next burst (a new backend and TLS handshake
+            # every few relays), which doubled the CPU per relay of the API and PostgreSQL together
+            # (docs/performance.md, thirteenth session). Two hosts at their peak stay below PostgreSQL's
+            # default 100 connections.
+            pool_size=20,
             max_overflow=10,
             pool_timeout=30,
             pool_recycle=1_800,
