@@ -50,21 +50,20 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from relay import (  # noqa: E402  (the sibling benchmarks)
-    SECRET,
     create_bench_database,
     drop_bench_database,
     free_port,
     grant_plans,
     post_all,
     prepare,
+    ready_localnet,
+    service_env,
     stop_processes,
     wait_ok,
 )
 from stack_floor import post_streams, presigned, sender_keys  # noqa: E402
 
 from gasless.cli.output import CliConsole  # noqa: E402
-from gasless.localnet.genesis import load_or_create_wallet  # noqa: E402
-from gasless.localnet.owner import unpause  # noqa: E402
 
 console = CliConsole()  # never cut when not a terminal
 FAKETIME_LIBRARIES = (
@@ -222,7 +221,8 @@ async def service(
     process is counted: the database and Redis servers run on the real clock, outside callgrind."""
     database_url = await create_bench_database(args.database_url) if args.database_url else ""
     try:
-        return await _service(args, session, gateway, info, clock, data_dir, database_url)
+        env = service_env(data_dir, gateway, info, database_url, args.redis_url)
+        return await _service(args, session, gateway, info, clock, data_dir, env)
     finally:
         if database_url:
             await drop_bench_database(args.database_url, database_url)
@@ -235,26 +235,11 @@ async def _service(
     info: dict[str, Any],
     clock: SlowClock,
     data_dir: Path,
-    database_url: str,
+    served: dict[str, str],
 ) -> dict[str, Any]:
     port, metrics_port = free_port(), free_port()
     api = f"http://127.0.0.1:{port}"
-    wallets = data_dir / "localnet" / "wallets"
-    env = {
-        **os.environ,
-        **clock.env(),
-        "GASLESS_PROFILE": "localnet",
-        "GASLESS_MASTER_SECRET": SECRET,
-        "GASLESS_GATEWAY_URLS": gateway,
-        "GASLESS_DATA_DIR": str(data_dir),
-        "GASLESS_CONTRACT_ADDRESS": info["contract"],
-        "GASLESS_RELAYER_KEY_FILES": json.dumps(sorted(str(p) for p in wallets.glob("relayer-s*.pem"))),
-        "GASLESS_HOST_ID": "a",
-        "GASLESS_METRICS_PORT": str(metrics_port),
-    }
-    if database_url:
-        env["GASLESS_DATABASE_URL"] = database_url
-        env["GASLESS_REDIS_URL"] = args.redis_url
+    env = {**served, **clock.env(), "GASLESS_HOST_ID": "a", "GASLESS_METRICS_PORT": str(metrics_port)}
     metrics = f"http://127.0.0.1:{metrics_port}/metrics"
     counter = Callgrind(data_dir, "api")
     argv = [sys.executable, "-m", "gasless.cli", "serve", "--port", str(port)]
@@ -338,14 +323,8 @@ async def run(args: argparse.Namespace, data_dir: Path, library: str) -> dict[st
     )
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            await wait_ok(session, f"{gateway}/localnet/info", timeout=120)
-            async with session.get(f"{gateway}/localnet/info") as resp:
-                info = await resp.json()
-            info = info.get("data", info)
-            info.setdefault("ownerPem", str(data_dir / "localnet" / "wallets" / "owner.pem"))
-            owner = load_or_create_wallet(data_dir / "localnet" / "wallets", "owner")
-            with console.status("unpausing the billing contract (the chain's rounds are slowed)"):
-                await unpause(gateway, owner, info["contract"])
+            with console.status("localnet: starting, and unpausing its contract (its rounds are slowed)"):
+                info = await ready_localnet(session, gateway, data_dir)
             relayer_pem = sorted((data_dir / "localnet" / "wallets").glob("relayer-s*.pem"))[0]
             bare = await bare_endpoint(args, session, gateway, relayer_pem, data_dir)
             api = await service(args, session, gateway, info, clock, data_dir)

@@ -284,6 +284,42 @@ def floor(count: int, relayer: UserSecretKey, counter: InstructionCount | None =
     return count / elapsed
 
 
+async def ready_localnet(session: aiohttp.ClientSession, gateway: str, data_dir: Path) -> dict[str, Any]:
+    """Waits for `gasless localnet`, unpauses its billing contract and returns its info (with `ownerPem`)."""
+    from gasless.localnet.genesis import load_or_create_wallet
+    from gasless.localnet.owner import unpause
+
+    await wait_ok(session, f"{gateway}/localnet/info", timeout=120)
+    async with session.get(f"{gateway}/localnet/info") as resp:
+        info = await resp.json()
+    info = info.get("data", info)
+    wallets = data_dir / "localnet" / "wallets"
+    info.setdefault("ownerPem", str(wallets / "owner.pem"))
+    await unpause(gateway, load_or_create_wallet(wallets, "owner"), info["contract"])
+    return info
+
+
+def service_env(
+    data_dir: Path, gateway: str, info: dict[str, Any], database_url: str = "", redis_url: str = ""
+) -> dict[str, str]:
+    """The environment of a benchmarked `gasless serve` against localnet, with every relayer key."""
+    pems = sorted(str(p) for p in (data_dir / "localnet" / "wallets").glob("relayer-s*.pem"))
+    env = {
+        **os.environ,
+        "GASLESS_PROFILE": "localnet",
+        "GASLESS_MASTER_SECRET": SECRET,
+        "GASLESS_GATEWAY_URLS": gateway,
+        "GASLESS_DATA_DIR": str(data_dir),
+        "GASLESS_CONTRACT_ADDRESS": info["contract"],
+        "GASLESS_RELAYER_KEY_FILES": json.dumps(pems),
+    }
+    if database_url:
+        env["GASLESS_DATABASE_URL"] = database_url
+    if redis_url:
+        env["GASLESS_REDIS_URL"] = redis_url
+    return env
+
+
 async def create_bench_database(admin_url: str) -> str:
     """A fresh PostgreSQL database for one run (the service migrates it); returns its SQLAlchemy URL."""
     import asyncpg
@@ -336,12 +372,17 @@ async def floor_postgres(count: int, relayer: UserSecretKey, database_url: str) 
     return count / elapsed
 
 
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of /proc/<pid>/stat after the command name (state first: utime is [11], stime [12])."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
     """User + system CPU time the processes used so far (Linux /proc), in seconds."""
     ticks = 0
     for proc in procs:
         try:
-            fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = _proc_stat(proc.pid)
         except OSError:
             return float("nan")
         ticks += int(fields[11]) + int(fields[12])  # utime, stime
@@ -388,11 +429,6 @@ class StorageCpu:
                 await client.aclose()
             redis = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
         return {"postgresql": ticks / os.sysconf("SC_CLK_TCK"), "redis": redis}
-
-
-def _proc_stat(pid: int) -> list[str]:
-    """The fields of /proc/<pid>/stat after the command name (state first: utime is [11], stime [12])."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 class InstructionCount:
@@ -658,33 +694,13 @@ async def run(
     api_procs: list[subprocess.Popen[bytes]] = []
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-            await wait_ok(session, f"{gateway}/localnet/info")
-            async with session.get(f"{gateway}/localnet/info") as resp:
-                info = await resp.json()
-            info = info.get("data", info)
-            owner_pem = data_dir / "localnet" / "wallets" / "owner.pem"
-            info.setdefault("ownerPem", str(owner_pem))
-            from gasless.localnet.genesis import load_or_create_wallet
-            from gasless.localnet.owner import unpause
-
-            owner = load_or_create_wallet(data_dir / "localnet" / "wallets", "owner")
-            await unpause(gateway, owner, info["contract"])
+            info = await ready_localnet(session, gateway, data_dir)
             relayer_pems = sorted(str(p) for p in (data_dir / "localnet" / "wallets").glob("relayer-s*.pem"))
             env = {
-                **os.environ,
-                "GASLESS_PROFILE": "localnet",
-                "GASLESS_MASTER_SECRET": SECRET,
-                "GASLESS_GATEWAY_URLS": gateway,
-                "GASLESS_DATA_DIR": str(data_dir),
-                "GASLESS_CONTRACT_ADDRESS": info["contract"],
-                "GASLESS_RELAYER_KEY_FILES": json.dumps(relayer_pems),
+                **service_env(data_dir, gateway, info, database_url, args.redis_url),
                 "GASLESS_BENCH_UNBILLED": "true" if unbilled else "false",
                 "GASLESS_LATENCY_ROLLUP_ENABLED": "true" if rollups else "false",
             }
-            if database_url:
-                env["GASLESS_DATABASE_URL"] = database_url
-            if args.redis_url:
-                env["GASLESS_REDIS_URL"] = args.redis_url
             # One process per host; the first migrates the database before the next starts.
             for index, (port, api) in enumerate(zip(api_ports, apis, strict=True)):
                 profile = ["-m", "cProfile", "-o", f"{args.profile_api}.{index}"] if args.profile_api else []
