@@ -186,8 +186,9 @@ class PostgresServer:
     so `restart` can crash it for real (`pg_ctl stop -m immediate`: every connection dropped, whatever each
     transaction was doing, WAL recovery on the next start) without touching a server anyone else uses."""
 
-    def __init__(self, bin_dir: Path) -> None:
+    def __init__(self, bin_dir: Path, settings: dict[str, str] | None = None) -> None:
         self.bin_dir = bin_dir
+        self.settings = settings or {}  # server settings for `-c` (bench/statements.py preloads a library)
         self.root = Path(tempfile.mkdtemp(prefix="gasless-chaos-pg-"))
         self.data = self.root / "data"
         self.port = free_port()
@@ -211,6 +212,7 @@ class PostgresServer:
 
     def start(self) -> None:
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c max_connections=200"
+        options += "".join(f" -c {name}={value}" for name, value in self.settings.items())
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "log"), "-w", "-o", options, "start")
 
     def crash(self) -> None:

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -661,9 +661,11 @@ async def run(
     unbilled: bool = False,
     rollups: bool = True,
     sqlite: bool = False,
+    before_drop: Callable[[str], Awaitable[None]] | None = None,
 ) -> dict[str, Any]:
     """One full run (max, then paced at `--paced-share` of it); `unbilled` serves the API with billing off
-    (bench_unbilled); `sqlite` serves one host on SQLite whatever `--database-url` says."""
+    (bench_unbilled); `sqlite` serves one host on SQLite whatever `--database-url` says; `before_drop` gets
+    the run database's URL once the service has stopped, before the database is dropped."""
     if sqlite:
         args = argparse.Namespace(**{**vars(args), "database_url": "", "redis_url": "", "hosts": 1})
     gw_port = free_port()
@@ -782,6 +784,8 @@ async def run(
     floor_after = floor(args.floor_count, relayer)
     floors = {"sqlite": (floor_before + floor_after) / 2}
     if database_url:
+        if before_drop is not None:  # before the floor's inserts, which are not the service's work
+            await before_drop(database_url)
         floors["postgresql"] = await floor_postgres(args.floor_count, relayer, database_url)
         await drop_bench_database(args.database_url, database_url)
     # The ratio is taken against the floor of the storage the service ran on: the same durable insert.
