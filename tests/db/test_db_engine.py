@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Connection, create_mock_engine, event, inspect, select, text
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db import begin_write, create_engine, dialect_insert, ping, service_meta
@@ -113,6 +114,55 @@ async def test_postgresql_pool_keeps_twenty_connections_across_bursts(postgres_u
     finally:
         await engine.dispose()
     assert opened == 20
+
+
+@pytest.mark.postgres
+async def test_postgresql_pings_only_connections_idle_past_the_window(postgres_url: str) -> None:
+    """A connection back in use within the window goes out without a ping: its backend's last statement is
+    still the one it ran. Past the window it is pinged first; and a connection killed while idle in the
+    pool is found dead by that ping and replaced, so the request that takes it succeeds. With no ping (a
+    window nothing is idle past), the request that takes the dead connection fails, and that failure
+    invalidates the pool: the next request succeeds."""
+    backend = text("SELECT pg_backend_pid()")
+    admin = create_engine(postgres_url)
+
+    async def last_statement(pid: int) -> str:
+        async with admin.connect() as conn:
+            query = text("SELECT query FROM pg_stat_activity WHERE pid = :pid")
+            return str((await conn.execute(query, {"pid": pid})).scalar_one())
+
+    async def kill(pid: int) -> None:
+        async with admin.connect() as conn:
+            assert (await conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})).scalar_one()
+            gone = text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid")
+            while (await conn.execute(gone, {"pid": pid})).scalar_one():
+                await asyncio.sleep(0.01)  # the condition waited for: the backend has exited
+
+    hot = create_engine(postgres_url, ping_after_idle_s=3600)
+    always = create_engine(postgres_url, ping_after_idle_s=0)
+    try:
+        for engine, pinged in ((hot, False), (always, True)):
+            async with engine.connect() as conn:
+                pid = (await conn.execute(backend)).scalar_one()
+            async with engine.connect() as conn:  # the same pooled connection, checked out again
+                assert (await last_statement(pid) == ";") is pinged
+                assert (await conn.execute(backend)).scalar_one() == pid
+        # Killed while idle in the pool.
+        for engine in (hot, always):
+            async with engine.connect() as conn:
+                pid = (await conn.execute(backend)).scalar_one()
+            await kill(pid)
+        async with always.connect() as conn:  # the ping found it dead: a new connection
+            assert (await conn.execute(backend)).scalar_one() != pid
+        with pytest.raises(DBAPIError) as failed:
+            async with hot.connect() as conn:
+                await conn.execute(backend)
+        assert failed.value.connection_invalidated
+        async with hot.connect() as conn:
+            assert (await conn.execute(text("SELECT 1"))).scalar_one() == 1
+    finally:
+        for engine in (hot, always, admin):
+            await engine.dispose()
 
 
 @pytest.mark.parametrize(

@@ -315,8 +315,13 @@ def settle(conn: Connection, changed: Sequence[Any], now: int) -> None:
                 ),
                 [{"a": a, "p": p, "ru": ru, "now": now} for (a, p), ru in give_back.items()],
             )
-    if final:
-        conn.execute(_FINALIZE_LEDGER, [{"pk": int(row.pk), "f": row.finalized_at_ms} for row in final])
+    # One statement per finalization time (a tracker round stamps all of its rows with one), not one per
+    # row: on PostgreSQL the executemany was a statement per relay on the server (bench/statements.py).
+    by_time: dict[int, list[int]] = {}
+    for row in final:
+        by_time.setdefault(int(row.finalized_at_ms), []).append(int(row.pk))
+    for finalized_at, pks in by_time.items():
+        conn.execute(_FINALIZE_LEDGER, {"pks": padded_to_power_of_two(pks), "f": finalized_at})
 
 
 _MOVE_RESERVED = (
@@ -326,6 +331,9 @@ _MOVE_RESERVED = (
 )
 _FINALIZE_LEDGER = (
     update(usage_ledger)
-    .where(usage_ledger.c.intent_pk == bindparam("pk"), usage_ledger.c.finalized_at_ms.is_(None))
+    .where(
+        usage_ledger.c.intent_pk.in_(bindparam("pks", expanding=True)),
+        usage_ledger.c.finalized_at_ms.is_(None),
+    )
     .values(finalized_at_ms=bindparam("f"))
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 import weakref
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -14,13 +15,20 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import ColumnElement, Connection, Engine, event, literal_column, text
+from sqlalchemy import ColumnElement, Connection, Engine, event, exc, literal_column, text
 from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
+# A pooled PostgreSQL connection back in use within this many seconds of its return is handed out without
+# a ping (HikariCP's alive-bypass window, 500 ms, is the precedent). Under load every connection is back
+# within milliseconds, and a ping at every checkout was a quarter of the service's round trips to
+# PostgreSQL (docs/performance.md, fourteenth session). One idle for longer, as after a server restart in a
+# quiet hour, is pinged first and, when dead, replaced along with every connection older than it.
+PING_AFTER_IDLE_S = 0.5
+_RETURNED_AT = "gasless_returned_at"
 # Execution options read by the SQLite "begin" listener (ignored on PostgreSQL).
 BEGIN_MODE_OPTION = "gasless_sqlite_begin"
 PRE_BEGIN_OPTION = "gasless_sqlite_pre_begin"
@@ -29,8 +37,15 @@ Bind = AsyncEngine | AsyncConnection | Engine | Connection
 T = TypeVar("T")
 
 
-def create_engine(url: str, *, connect_timeout: float = 10.0, echo: bool = False) -> AsyncEngine:
-    """An AsyncEngine for `sqlite+aiosqlite://` or `postgresql+asyncpg://` URLs."""
+def create_engine(
+    url: str,
+    *,
+    connect_timeout: float = 10.0,
+    echo: bool = False,
+    ping_after_idle_s: float = PING_AFTER_IDLE_S,
+) -> AsyncEngine:
+    """An AsyncEngine for `sqlite+aiosqlite://` or `postgresql+asyncpg://` URLs. A PostgreSQL connection
+    idle in the pool for more than `ping_after_idle_s` seconds is pinged before it is handed out."""
     parsed = make_url(url)
     if parsed.drivername == "sqlite+aiosqlite":
         return _create_sqlite_engine(url, connect_timeout=connect_timeout, echo=echo)
@@ -40,11 +55,10 @@ def create_engine(url: str, *, connect_timeout: float = 10.0, echo: bool = False
         # return: three statements on the server and three round trips for one (docs/performance.md,
         # target 5). Under READ COMMITTED each statement of a transaction takes its own snapshot anyway,
         # so a read of several statements sees nothing different outside one.
-        return create_async_engine(
+        engine = create_async_engine(
             url,
             echo=echo,
             isolation_level="AUTOCOMMIT",
-            pool_pre_ping=True,
             # Kept connections cover a host's usual concurrency: with 10, the overflow connections were
             # closed at every return and opened again at the next burst (a new backend and TLS handshake
             # every few relays), which doubled the CPU per relay of the API and PostgreSQL together
@@ -56,9 +70,36 @@ def create_engine(url: str, *, connect_timeout: float = 10.0, echo: bool = False
             pool_recycle=1_800,
             connect_args={"timeout": connect_timeout},
         )
+        _ping_after_idle(engine.sync_engine, ping_after_idle_s)
+        return engine
     raise ValueError(
         f"unsupported database URL scheme {parsed.drivername!r}: use sqlite+aiosqlite or postgresql+asyncpg"
     )
+
+
+def _ping_after_idle(engine: Engine, idle_s: float) -> None:
+    """The pool's pre-ping, skipped for a connection returned less than `idle_s` seconds ago. A dead one
+    found at checkout invalidates the pool as SQLAlchemy's own pre-ping does: every connection older than it
+    is replaced at its next checkout, and this checkout gets a new one. A connection that died while hot
+    fails its statement instead, which invalidates the pool the same way (SQLAlchemy's disconnect handling)."""
+    dialect = engine.dialect
+
+    def returned_now(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_RETURNED_AT] = time.monotonic()
+
+    def ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get(_RETURNED_AT, -idle_s - 1) <= idle_s:
+            return
+        try:
+            dialect.do_ping(dbapi_connection)
+        except dialect.loaded_dbapi.Error as error:
+            if dialect.is_disconnect(error, dbapi_connection, None):
+                raise exc.InvalidatePoolError() from error
+            raise
+
+    event.listen(engine, "connect", returned_now)  # a new connection needs no ping
+    event.listen(engine, "checkin", returned_now)
+    event.listen(engine, "checkout", ping_if_idle)
 
 
 def _create_sqlite_engine(url: str, *, connect_timeout: float, echo: bool) -> AsyncEngine:
