@@ -148,12 +148,13 @@ async def test_postgresql_pings_only_connections_idle_past_the_window(postgres_u
                 assert (await last_statement(pid) == ";") is pinged
                 assert (await conn.execute(backend)).scalar_one() == pid
         # Killed while idle in the pool.
+        killed = {}
         for engine in (hot, always):
             async with engine.connect() as conn:
-                pid = (await conn.execute(backend)).scalar_one()
-            await kill(pid)
+                killed[engine] = (await conn.execute(backend)).scalar_one()
+            await kill(killed[engine])
         async with always.connect() as conn:  # the ping found it dead: a new connection
-            assert (await conn.execute(backend)).scalar_one() != pid
+            assert (await conn.execute(backend)).scalar_one() != killed[always]
         with pytest.raises(DBAPIError) as failed:
             async with hot.connect() as conn:
                 await conn.execute(backend)
