@@ -5,8 +5,8 @@ temporary directory, loopback, no TLS) with `pg_stat_statements` preloaded, a se
 shared server's settings are untouched. Once the service has stopped, before the run database is dropped, it
 reads back for that database:
 
-- every statement's calls per relay, server time per relay (planning + execution) and rows per call, the
-  most expensive first;
+- every statement's calls per relay, server time per relay and rows per call, the most expensive first (the
+  time is execution's: `pg_stat_statements.track_planning` is off, its default, so planning reads zero);
 - the database's transactions per relay (`pg_stat_database`): in autocommit every statement alone is one, so
   the difference to the statements counted is what `pg_stat_statements` leaves out (the pool's pings are
   empty queries) and utility statements.
@@ -113,7 +113,7 @@ def report(read: dict[str, Any], relays: int, top: int) -> dict[str, Any]:
     }
     console.print(
         f"per relay: {summary['statements_per_relay']:.1f} statements counted, "
-        f"{summary['server_ms_per_relay']:.3f} ms of planning and execution in them, "
+        f"{summary['server_ms_per_relay']:.3f} ms of execution in them, "
         f"{summary['transactions_per_relay']:.1f} transactions ({summary['rollbacks_per_relay']:.2f} rolled "
         f"back); {summary['sessions']} sessions opened"
     )
