@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import json
 import sys
 import tempfile
@@ -32,24 +31,14 @@ import asyncpg
 from rich.table import Table
 from sqlalchemy.engine import make_url
 
-from gasless.cli.output import CliConsole
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import chaos  # noqa: E402  (the sibling benchmarks, as bench/instructions.py imports them)
+import relay  # noqa: E402
+
+from gasless.cli.output import CliConsole  # noqa: E402
 
 console = CliConsole()  # never cut when not a terminal
 
-
-def _bench_module(name: str) -> Any:
-    """A sibling benchmark module by path (bench/ is not a package)."""
-    path = Path(__file__).resolve().parent / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-relay = _bench_module("relay")
-chaos = _bench_module("chaos")
 
 STATEMENTS = """
 SELECT s.query, s.calls, s.total_plan_time + s.total_exec_time AS ms, s.rows
