@@ -84,3 +84,40 @@ def test_each_topic_after_its_change(served: Any, sse: Any) -> None:
         assert published["data"]["status"] == "investigating"
     finally:
         stream.close()
+
+
+def test_quota_events_of_several_accounts_each_carry_their_own_usage(served: Any, sse: Any) -> None:
+    """Settlements of several accounts in one window are read in one batch (`AccountReads.quotas`): each
+    account's stream gets its own account's quota, with its own used RU, as `GET .../quota` reports it."""
+    server, env, auth = served(**FAST, stream_keepalive_ms=200)
+    accounts = [auth.account(), auth.account()]
+    streams = [sse(server.client, {"account": a.address}, auth.bearer(a)) for a in accounts]
+    try:
+        for stream in streams:
+            assert stream.frame()["id"].endswith(".0")
+        # One relay for the first account and two for the second, back to back: their settlements land in
+        # the same tracker round, so the quota topic reads both accounts in one batch.
+        relay_transfer(env, accounts[0])
+        relay_transfer(env, accounts[1])
+        relay_transfer(env, accounts[1])
+
+        def quota_of(account: Any) -> dict[str, Any]:
+            answer = server.client.get(f"/v1/account/{account.address}/quota")
+            assert answer.status_code == 200, answer.text
+            return answer.json()  # type: ignore[no-any-return]
+
+        first = wait_until(lambda: quota_of(accounts[0]).get("usedRu"), "the first account's settlement")
+        # The same transfer twice: twice the RU, once both settled.
+        wait_until(
+            lambda: quota_of(accounts[1]).get("usedRu") == 2 * first, "the second account's settlements"
+        )
+        expected = [quota_of(account) for account in accounts]
+        for account, stream, quota in zip(accounts, streams, expected, strict=True):
+            event = _next(stream, "quota", lambda d, want=quota["usedRu"]: d["data"].get("usedRu") == want)
+            assert event["data"]["account"] == account.address and event["data"]["address"] == account.address
+            assert event["data"]["state"] == "active"
+            assert event["data"]["includedRu"] == quota["includedRu"]
+            assert event["data"]["periodId"] == quota["periodId"]
+    finally:
+        for stream in streams:
+            stream.close()

@@ -237,6 +237,18 @@ class MirrorRepository:
             ).first()
         return dict(row._mapping) if row is not None else None
 
+    async def accounts(self, addresses: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The mirrored accounts among `addresses`, in one query (address -> row)."""
+        if not addresses:
+            return {}
+        async with self.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(mirror_accounts).where(mirror_accounts.c.address.in_(list(addresses)))
+                )
+            ).all()
+        return {row.address: dict(row._mapping) for row in rows}
+
     async def senders(self, account: str) -> list[str]:
         """The account's authorised senders, oldest authorisation first."""
         async with self.engine.connect() as conn:

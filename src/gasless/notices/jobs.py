@@ -196,7 +196,7 @@ class NoticeParts:
         self.notices.on_appended = worker.wake.set
         singletons.add(NOTICES_ROLE, worker)
         if streams is not None:
-            streams.attach_accounts(bus, account_reads.quota, account_reads.account, follower)
+            streams.attach_accounts(bus, account_reads.quotas, account_reads.account, follower)
         return worker
 
 

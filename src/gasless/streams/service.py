@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,9 +47,14 @@ class QuotaSource:
     released) and after a purchase. Quotas are read at most once per `every_ms` per account (the latest
     wins), so a burst of settlements costs one read."""
 
-    def __init__(self, hub: StreamHub, quota: Callable[[str], Awaitable[Any]], every_ms: int) -> None:
+    def __init__(
+        self,
+        hub: StreamHub,
+        quotas: Callable[[list[str]], Awaitable[Mapping[str, Any]]],
+        every_ms: int,
+    ) -> None:
         self.hub = hub
-        self.quota = quota
+        self.quotas = quotas  # the Quota of several accounts in one read
         self.every_ms = every_ms
         self._dirty: set[str] = set()
         self._task: asyncio.Task[None] | None = None
@@ -71,12 +76,12 @@ class QuotaSource:
     async def _flush(self) -> None:
         while self._dirty:
             accounts, self._dirty = self._dirty, set()
-            for account in sorted(accounts):
-                try:
-                    quota = await self.quota(account)
+            try:
+                quotas = await self.quotas(sorted(accounts))
+                for account, quota in quotas.items():
                     self.hub.publish(account, "quota", "quota", quota.model_dump(mode="json"))
-                except Exception as exc:  # a stream must never break the tracker
-                    log.warning("quota stream event failed", error=type(exc).__name__)
+            except Exception as exc:  # a stream must never break the tracker
+                log.warning("quota stream event failed", accounts=len(accounts), error=type(exc).__name__)
             await asyncio.sleep(self.every_ms / 1000)
 
     async def stop(self) -> None:
@@ -142,13 +147,13 @@ class StreamService:
     def attach_accounts(
         self,
         bus: Any,
-        quota: Callable[[str], Awaitable[Any]],
+        quotas: Callable[[list[str]], Awaitable[Mapping[str, Any]]],
         account: Callable[[str], Awaitable[Any]],
         follower: Any | None,
     ) -> None:
         """The `quota` topic after settlements (this host's tracker) and purchases, the `account` topic on
         contract events (the follower's callback, on whichever host follows the contract)."""
-        self.quota_source = QuotaSource(self.hub, quota, self.coalesce_ms)
+        self.quota_source = QuotaSource(self.hub, quotas, self.coalesce_ms)
         bus.listen(self.quota_source)
         if follower is not None:
             follower.on_account_changed(AccountSource(self.hub, account, self.quota_source))
