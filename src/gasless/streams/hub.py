@@ -42,6 +42,10 @@ class Emitted:
 class Fanout(Protocol):
     def send(self, account: str, topic: str, key: str, data: dict[str, Any], at_ms: int) -> None: ...
 
+    def interested(self, account: str) -> bool:
+        """Whether another host may have a stream for `account` (when unsure: yes)."""
+        ...
+
 
 @dataclass(eq=False)
 class Subscription:
@@ -84,10 +88,21 @@ class StreamHub:
 
     # Publishing -----------------------------------------------------------------------------------------
     def wants(self, account: str) -> bool:
-        """Whether a change for `account` can reach anyone: another host (through the fan-out), or a stream
-        of this host, open or ended (a client may resume it with Last-Event-ID). An account that never
-        had a stream here has nothing to resume, so its changes need not even be built."""
-        return self.fanout is not None or account in self._accounts
+        """Whether a change for `account` can reach anyone: a stream of this host, open or ended (a client
+        may resume it with Last-Event-ID), or another host's (the fan-out's shared registry of streamed
+        accounts says). An account that no host streams has nothing to receive or resume, so its changes
+        need not even be built: building and fanning out every account's changes was a tenth of a
+        multi-host service's CPU per relay (docs/performance.md)."""
+        return account in self._accounts or (self.fanout is not None and self.fanout.interested(account))
+
+    def streamed_accounts(self) -> list[str]:
+        """The accounts with a stream on this host, open or ended within the replay window (resumable)."""
+        recent = self.clock() - self.replay_ms
+        return [
+            account
+            for account, state in self._accounts.items()
+            if state.streams or (state.closed_at_ms is not None and state.closed_at_ms >= recent)
+        ]
 
     def publish(self, account: str, topic: str, key: str, data: dict[str, Any]) -> None:
         """A change of `key` (e.g. an intent id) under `topic` for `account`: to every host's streams."""

@@ -226,6 +226,9 @@ async def stream_account_events(
     after = host.resumable_seq(last_event_id) if last_event_id else None
 
     async def events() -> AsyncIterator[ServerSentEvent]:
+        if service.fanout is not None:
+            # Before the first frame: a change on another host after it reaches this stream.
+            await service.fanout.announce(access.account)
         stream, replay = hub.subscribe(access.account, access.topics, after)
         try:
             head = hub.head(access.account)
