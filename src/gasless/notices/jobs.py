@@ -181,7 +181,7 @@ class NoticeParts:
             repo,
             SourceReads(engine),
             self.prefs,
-            quota=account_reads.quota,
+            quotas=account_reads.quotas,
             tariff_entries=tariff_entries,
             append=self.notices.append,
         )

@@ -11,7 +11,7 @@ The notices singleton (role `notices`) runs the scan, then the dispatcher (gasle
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import structlog
@@ -130,7 +130,7 @@ def mail_text(notice: Any) -> tuple[str, str]:
     )
 
 
-Quota = Callable[[str], Awaitable[Any]]
+Quotas = Callable[[list[str]], Awaitable[Mapping[str, Any]]]  # the Quota of several accounts, in one read
 
 
 class NoticeSources:
@@ -140,7 +140,7 @@ class NoticeSources:
         reads: SourceReads,
         prefs: PrefsRepository,
         *,
-        quota: Quota,
+        quotas: Quotas,
         tariff_entries: Callable[[], Awaitable[list[Any]]] | None,
         append: Callable[[list[NewNotice]], Awaitable[Any]],
         clock: Callable[[], int] = lambda: int(time.time() * 1000),
@@ -148,7 +148,7 @@ class NoticeSources:
         self.repo = repo
         self.reads = reads
         self.prefs = prefs
-        self.quota = quota
+        self.quotas = quotas
         self.tariff_entries = tariff_entries
         self.append = append
         self.clock = clock
@@ -240,8 +240,9 @@ class NoticeSources:
         changed = self._unjudged("usage", seen)
         prefs = await self.prefs.many([a for a, _, _ in changed])
         notices, judged = [], []
+        quotas = await self.quotas([a for a, _, _ in changed]) if changed else {}
         for account, at, count in changed:
-            quota = await self.quota(account)
+            quota = quotas[account]
             included, used = quota.includedRu, quota.usedRu
             if not included or used is None:
                 continue  # the mirror has not seen the plan yet: judged again next time
@@ -267,8 +268,9 @@ class NoticeSources:
         reserved = self._unjudged("payg", seen)
         prefs = await self.prefs.many([a for a, _, _ in reserved])
         notices, judged = [], []
+        quotas = await self.quotas([a for a, _, _ in reserved]) if reserved else {}
         for account, at, count in reserved:
-            quota = await self.quota(account)
+            quota = quotas[account]
             if quota.state == "NO_ACCOUNT":
                 continue  # not mirrored yet: judged again next time
             judged.append((account, at, count))
