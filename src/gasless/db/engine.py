@@ -59,13 +59,15 @@ def create_engine(
             url,
             echo=echo,
             isolation_level="AUTOCOMMIT",
-            # Kept connections cover a host's usual concurrency: with 10, the overflow connections were
-            # closed at every return and opened again at the next burst (a new backend and TLS handshake
-            # every few relays), which doubled the CPU per relay of the API and PostgreSQL together
-            # (docs/performance.md, thirteenth session). Two hosts at their peak stay below PostgreSQL's
-            # default 100 connections.
-            pool_size=20,
-            max_overflow=10,
+            # Every connection is kept: an overflow connection was closed at its return and opened again
+            # at the next burst (a new backend and TLS handshake every few relays; with 20 kept and 10 of
+            # overflow, 60-100 sessions in a 1 536-relay run against 40 now). Last in, first out: a burst
+            # opens what it needs and a quiet spell leaves the rest idle, instead of rotating through all
+            # of them. The cap stays 30 a host: two hosts stay below PostgreSQL's default 100 connections
+            # (docs/performance.md, thirteenth and fifteenth sessions).
+            pool_size=30,
+            max_overflow=0,
+            pool_use_lifo=True,
             pool_timeout=30,
             pool_recycle=1_800,
             connect_args={"timeout": connect_timeout},
