@@ -133,10 +133,8 @@ class StreamHub:
         host finds them itself, so nothing goes through the fan-out). An account whose last stream ended
         within the replay window gets it too, so a stream resumed with Last-Event-ID does not miss it."""
         at_ms = self.clock()
-        recent = at_ms - self.replay_ms
-        for account, state in list(self._accounts.items()):
-            if state.streams or (state.closed_at_ms is not None and state.closed_at_ms >= recent):
-                self.deliver(account, topic, key, data, at_ms)
+        for account in self.streamed_accounts():
+            self.deliver(account, topic, key, data, at_ms)
 
     def _open_window(self, window_key: tuple[str, str, str]) -> None:
         loop = asyncio.get_running_loop()
