@@ -73,6 +73,7 @@ class RedisFanout:
         this returns (the stream's first frame goes out after it). Never raises: without Redis the other
         hosts' changes cannot reach this stream anyway."""
         until = self.clock() + INTEREST_TTL_MS
+        self._streamed[account] = max(self._streamed.get(account, 0), until)
         message = json.dumps({"o": self.origin, "w": account, "until": until}, separators=(",", ":"))
         try:
             async with self.publisher.pipeline(transaction=False) as pipe:
