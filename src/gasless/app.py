@@ -23,7 +23,7 @@ from gasless.billing.decision import Entitlement
 from gasless.compat import routes as compat_routes
 from gasless.compat.rendering import CompatErrorMiddleware
 from gasless.db import create_engine, ping, upgrade
-from gasless.host import Health, HostState, gateway_answers, purpose_keys, redis_answers
+from gasless.host import Health, HostState, boot_epoch_ms, gateway_answers, purpose_keys, redis_answers
 from gasless.http.body_limit import BodyLimitMiddleware
 from gasless.http.direct import DirectRoutes, declared_route
 from gasless.http.head import HeadMiddleware
@@ -66,19 +66,34 @@ from gasless.x402 import routes as x402_routes
 log = structlog.get_logger("gasless.app")
 
 
+async def _until_ready(state: HostState, startup: asyncio.Task[None], wait_s: float) -> None:
+    """Until the relay core is restored and the signer holds its claim, the start-up fails, or `wait_s`
+    passes (a worker whose gateways are down still answers /readyz with the reason)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and not startup.done():
+        await asyncio.wait({startup}, timeout=0.1)
+    # A restarted worker's claim: its predecessor's must lapse first (gasless.signer.fence); polled, as
+    # the fence renews on its own schedule.
+    while time.monotonic() < deadline and state.signer is not None and not state.signer.holds:
+        await asyncio.sleep(0.1)
+
+
 def create_app(
     settings: Settings,
     *,
     signer_wrapper: Callable[[Signer], Signer] | None = None,
     entitlement_factory: Callable[[ContractMirror], Entitlement] | None = None,
     route_limits: RouteLimitTable | None = None,
+    ready_wait_s: float = 0.0,
 ) -> FastAPI:
     """The API host. `signer_wrapper` and `entitlement_factory` replace collaborators (fault tests, KMS);
-    `route_limits` replaces the spec's request-limit table (tests, an operator's tighter limits)."""
+    `route_limits` replaces the spec's request-limit table (tests, an operator's tighter limits).
+    `ready_wait_s`: how long the start-up may hold off serving until the host is ready (a worker process
+    restarted behind a shared socket, gasless.api_workers); 0 serves at once, /readyz answering 503."""
     keys = purpose_keys(settings)
     state = HostState(
         settings=settings,
-        boot_epoch_ms=int(time.time() * 1000),
+        boot_epoch_ms=boot_epoch_ms(settings.worker),
         keys=keys,
         limits=local_route_limiter(route_limits),
         cursors=CursorCodec(keys),
@@ -89,7 +104,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # Everything started from here (workers included) logs with this host's id.
-        structlog.contextvars.bind_contextvars(host_id=settings.host_id)
+        structlog.contextvars.bind_contextvars(host_id=settings.instance_id)
         state.engine = create_engine(settings.effective_database_url)
         state.http = aiohttp.ClientSession()
         if settings.redis_url:
@@ -121,7 +136,7 @@ def create_app(
                 state.cursors,
                 settings,
                 state.streams.hub,
-                worker_id=f"{settings.host_id}.{state.boot_epoch_ms}",
+                worker_id=f"{settings.instance_id}.{state.boot_epoch_ms}",
                 pricing=lambda: state.pricing,
             )
             state.notices = state.notice_parts.notices
@@ -131,6 +146,8 @@ def create_app(
             startup = asyncio.create_task(
                 start_relay_core(state, settings, signer_wrapper, entitlement_factory), name="startup"
             )
+            if ready_wait_s > 0:
+                await _until_ready(state, startup, ready_wait_s)
             assert state.mcp is not None
             async with state.mcp.session_manager.run():  # /mcp: the mounted MCP server's sessions
                 yield
@@ -186,7 +203,7 @@ def create_app(
     state.metrics.registry.register(HostCollector(lambda: _gauges(state)))
     # Inside the request-id middleware, so the access log line carries the request id.
     app.add_middleware(
-        MetricsMiddleware, metrics=state.metrics, host_id=settings.host_id, access_log=settings.access_log
+        MetricsMiddleware, metrics=state.metrics, host_id=settings.instance_id, access_log=settings.access_log
     )
     app.add_middleware(CompatErrorMiddleware)  # the kit's statuses and `error` on /health, /relayer, /relay
     app.add_middleware(RequestIdMiddleware)

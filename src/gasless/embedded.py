@@ -376,9 +376,9 @@ class _Server(uvicorn.Server):
 
 
 def _servers(
-    settings: Settings, listeners: Listeners, log_level: str
+    settings: Settings, listeners: Listeners, log_level: str, ready_wait_s: float = 0.0
 ) -> tuple[HostState, list[tuple[uvicorn.Server, list[socket.socket]]]]:
-    app = create_app(settings)
+    app = create_app(settings, ready_wait_s=ready_wait_s)
     api = _Server(
         uvicorn.Config(
             app,
@@ -405,7 +405,7 @@ def _servers(
         servers.append((admin, [listeners.metrics]))
         log.info(
             "metrics listener",
-            host_id=settings.host_id,
+            host_id=settings.instance_id,
             url=f"http://{settings.metrics_host}:{settings.metrics_port}/metrics",
         )
     return app.state.host, servers
@@ -416,12 +416,13 @@ async def serve_hosts(
     *,
     log_level: str = "warning",
     on_listening: Callable[[], None] | None = None,
+    ready_wait_s: float = 0.0,
 ) -> None:
     """Serve each host's API and admin port on its listeners until cancelled (the CLI cancels on SIGINT or
     SIGTERM) or until one server ends; every server shuts down cleanly either way. `on_listening` runs
     once all serve. A host that refuses its chain (gasless.chain.identity) stops every server:
-    ServiceRefused."""
-    built = [_servers(settings, listeners, log_level) for settings, listeners in hosts]
+    ServiceRefused. `ready_wait_s`: see gasless.app.create_app."""
+    built = [_servers(settings, listeners, log_level, ready_wait_s) for settings, listeners in hosts]
     states = [state for state, _ in built]
     servers = [server for _, host_servers in built for server in host_servers]
     tasks = [asyncio.create_task(server.serve(sockets)) for server, sockets in servers]
@@ -452,9 +453,11 @@ async def serve_hosts(
             raise task.exception()  # type: ignore[misc]
 
 
-async def serve_api(settings: Settings, listeners: Listeners, *, log_level: str = "warning") -> None:
+async def serve_api(
+    settings: Settings, listeners: Listeners, *, log_level: str = "warning", ready_wait_s: float = 0.0
+) -> None:
     try:
-        await serve_hosts([(settings, listeners)], log_level=log_level)
+        await serve_hosts([(settings, listeners)], log_level=log_level, ready_wait_s=ready_wait_s)
     finally:
         listeners.close()
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -50,7 +51,7 @@ from gasless.relay.quote import QuoteService
 from gasless.relay.relayers import RelayerPool
 from gasless.relay.repository import IntentRepository
 from gasless.relay.service import RelayService
-from gasless.settings import Settings
+from gasless.settings import MAX_WORKERS, Settings
 from gasless.settlement.service import ProofService
 from gasless.settlement.worker import SettlementWorker
 from gasless.signer import FencedSigner
@@ -76,6 +77,15 @@ class Health(BaseModel):
     checks: dict[str, str] = {}
     # Singleton roles and whether this host runs them now (readiness only): "leader" or "standby".
     singletons: dict[str, str] = {}
+
+
+def boot_epoch_ms(worker: int | None, clock: Callable[[], float] = time.time) -> int:
+    """The process's start time in Unix ms, the `bootEpoch` of its stream event ids. Worker k of a
+    multi-process host (`gasless serve --workers`) rounds it up to the next ms congruent to k modulo
+    MAX_WORKERS: its sibling workers share its host id, and two of them starting in the same ms must still
+    issue distinct ids (a restarted worker gets a later epoch than its previous life's)."""
+    now_ms = int(clock() * 1000)
+    return now_ms if worker is None else now_ms + (worker - now_ms) % MAX_WORKERS
 
 
 @dataclass

@@ -26,6 +26,9 @@ from pydantic_settings import (
 ProfileName = Literal["mainnet", "devnet", "localnet"]
 KeyEnvironment = Literal["live", "test"]
 HostId = Literal["a", "b"]
+# `gasless serve --workers N`: at most this many API worker processes per host. Worker k's boot epoch is
+# congruent to k modulo it, so the workers of one host never issue the same stream event id prefix.
+MAX_WORKERS = 16
 
 LOCALNET_CHAIN_ID = "localnet"
 LOCALNET_PAYMENT_TOKEN = "USDC-c0ffee"
@@ -87,6 +90,10 @@ class Settings(BaseSettings):
 
     profile: ProfileName = "localnet"
     host_id: HostId = "a"
+    # Set by `gasless serve --workers N` on each of its worker processes (0..N-1); None: the host is one
+    # process. A worker is a host of its own to the signer fence, intent ownership and singleton presence
+    # (`instance_id`); clients see the host's id (stream event ids, /healthz).
+    worker: int | None = Field(default=None, ge=0, lt=MAX_WORKERS)
     # One master secret per environment (live/test); purpose keys are derived from it by HKDF.
     master_secret: SecretStr | None = None
     gateway_urls: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -316,6 +323,13 @@ class Settings(BaseSettings):
             wrapper_address=self.wrapper_address or base.wrapper_address,
             default_gateway_urls=base.default_gateway_urls,
         )
+
+    @property
+    def instance_id(self) -> str:
+        """This process's identity among every process sharing the database: the host's id, or for worker k
+        of a multi-process host `<hostId>.<k>` (the signer fence's identity, the owner of the intents it
+        commits, its singleton presence lock)."""
+        return self.host_id if self.worker is None else f"{self.host_id}.{self.worker}"
 
     @property
     def effective_gateway_urls(self) -> list[str]:

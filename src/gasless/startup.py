@@ -112,7 +112,7 @@ async def start_relay_core(
     signer = FencedSigner(
         inner,
         state.engine,
-        signer_id=f"{settings.key_env}:{settings.host_id}",
+        signer_id=f"{settings.key_env}:{settings.instance_id}",
         ttl_ms=settings.signer_fence_ttl_ms,
     )
     await signer.start()
@@ -137,7 +137,7 @@ async def start_relay_core(
         bus.listen(state.webhook_recorder.observe)
     broadcaster = Broadcaster(gateway, repo, bus)
     # The tracker follows this host's intents (and adopted ones while it leads recovery).
-    tracked = HostIntents(state.engine, settings.host_id)
+    tracked = HostIntents(state.engine, settings.instance_id)
     tracker = Tracker(gateway, network, tracked, bus, broadcaster)
     contract = settings.network.contract_address
     challenges = (
@@ -199,7 +199,7 @@ async def start_relay_core(
     relay = RelayService(
         RelayConfig(
             chain_id=settings.network.chain_id,
-            host_id=settings.host_id,
+            host_id=settings.instance_id,
             docs_url=settings.docs_url,
             signer_deadline_ms=settings.signer_deadline_ms,
             simulate=settings.simulate,
@@ -223,7 +223,7 @@ async def start_relay_core(
     await tracker.start()
     singletons = SingletonRunner(
         settings.effective_database_url,
-        host_id=settings.host_id,
+        host_id=settings.instance_id,
         scope=f"{settings.key_env}:{settings.network.chain_id}",
     )
     retention = Retention(repo)
@@ -336,7 +336,7 @@ async def start_relay_core(
             relay=relay,
             intents=repo,
             mirror_repo=state.mirror_repo,
-            host_id=settings.host_id,
+            host_id=settings.instance_id,
         )
     state.mirror, state.native_auth = mirror, native_auth
     state.account_roles = AccountRoles(mirror)
@@ -346,7 +346,7 @@ async def start_relay_core(
         state.streams.attach_intents(bus, network.params.round_duration_ms, mirror)
     state.startup_error = None
     state.restored = True
-    log.info("host ready", host_id=settings.host_id, network=settings.profile, recovered=recovered)
+    log.info("host ready", host_id=settings.instance_id, network=settings.profile, recovered=recovered)
 
 
 async def verify_chain(state: HostState, gateway: GatewayClient, network: NetworkView) -> bool:
@@ -465,7 +465,7 @@ async def start_webhooks(state: HostState, settings: Settings) -> None:
     dispatcher = Dispatcher(
         service,
         repo,
-        worker_id=f"{settings.host_id}.{state.boot_epoch_ms}",
+        worker_id=f"{settings.instance_id}.{state.boot_epoch_ms}",
         timeout_ms=settings.webhook_timeout_ms,
         backoff_ms=settings.webhook_retry_backoff_ms,
         poll_ms=settings.webhook_poll_ms,

@@ -52,11 +52,18 @@ def answers(url: str, status: int = 200) -> bool:
         return False
 
 
+OFF_BY_THE_TEST_RUN = ("GASLESS_STATUS_PORT", "GASLESS_MAIL_PORT")
+
+
 def piped_env(**extra: str) -> dict[str, str]:
     """The test's environment as a pipe sees it: no terminal width hint, no colour."""
-    # No GASLESS_* setting of the test run leaks into the command (a database URL, a config file).
+    # No GASLESS_* setting of the test run leaks into the command (a database URL, a config file), but for
+    # the ports tests/conftest.py turns off: `gasless up`'s status site and mail catcher default to fixed
+    # ports (8090, 1025), which a concurrent test run may hold.
     env = {
-        k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES") and not k.startswith("GASLESS_")
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("COLUMNS", "LINES") and (not k.startswith("GASLESS_") or k in OFF_BY_THE_TEST_RUN)
     }
     return {**env, "NO_COLOR": "1", **extra}
 

@@ -85,6 +85,27 @@ def test_invalid_settings_are_one_line(tmp_path: Path) -> None:
     assert "GASLESS_METRICS_PORT" in line and "lots" in line, line
 
 
+@pytest.mark.parametrize(
+    ("workers", "settings", "expected"),
+    [
+        ("2", {}, "needs PostgreSQL"),  # SQLite, the default: one writer
+        ("2", {"GASLESS_DATABASE_URL": "postgresql+asyncpg://nobody@127.0.0.1:1/x"}, "Redis"),
+        ("17", {}, "at most 16"),
+    ],
+)
+def test_serve_workers_without_what_they_share_is_refused(
+    workers: str, settings: dict[str, str], expected: str, tmp_path: Path
+) -> None:
+    env = piped_env(
+        GASLESS_DATA_DIR=str(tmp_path), GASLESS_MASTER_SECRET="m" * 32, GASLESS_REDIS_URL="", **settings
+    )
+    result = run("serve", "--workers", workers, "--port", str(free_port()), env=env)
+    assert result.returncode == EXIT_USAGE, result.stdout + result.stderr
+    line = error_line(result)
+    assert expected in line and "--workers" in line, line
+    assert not (tmp_path / "gasless.db").exists()  # refused before anything started
+
+
 def test_verify_proof_of_a_missing_file_is_one_line(tmp_path: Path) -> None:
     result = run("verify-proof", str(tmp_path / "proof.json"), "--gateway", f"http://127.0.0.1:{free_port()}")
     assert result.returncode == EXIT_USAGE, result.stdout + result.stderr

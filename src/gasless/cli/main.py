@@ -340,9 +340,27 @@ def serve(
     host_id: Annotated[str | None, typer.Option("--host-id", help="a or b.")] = None,
     port: Annotated[int | None, typer.Option("--port", help="API port.")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="TOML settings file.")] = None,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            min=1,
+            help="API worker processes behind the one API port (more than 1 needs PostgreSQL and Redis; "
+            "worker k serves metrics on the metrics port + k).",
+        ),
+    ] = 1,
+    # Set by the parent of `--workers N` on each worker (gasless.api_workers); not for people.
+    worker: Annotated[int | None, typer.Option("--worker", hidden=True)] = None,
+    listen_fd: Annotated[int | None, typer.Option("--listen-fd", hidden=True)] = None,
+    metrics_fd: Annotated[int | None, typer.Option("--metrics-fd", hidden=True)] = None,
+    metrics_port: Annotated[int | None, typer.Option("--metrics-port", hidden=True)] = None,
+    parent_fd: Annotated[int | None, typer.Option("--parent-fd", hidden=True)] = None,
+    ready_wait_s: Annotated[float, typer.Option("--ready-wait-s", hidden=True)] = 0.0,
 ) -> None:
     """Run the API alone against the configured gateways and database (GASLESS_* settings)."""
+    from gasless.api_workers import adopt_socket, watch_parent
     from gasless.embedded import (
+        Listeners,
         PortUnavailable,
         ServerFailed,
         ServiceRefused,
@@ -350,13 +368,17 @@ def serve(
         local_master_secret,
         serve_api,
     )
-    from gasless.settings import Settings
+    from gasless.settings import MAX_WORKERS, Settings
 
     overrides: dict[str, object] = {}
     if host_id is not None:
         overrides["host_id"] = host_id
     if port is not None:
         overrides["api_port"] = port
+    if worker is not None:
+        overrides["worker"] = worker
+    if metrics_port is not None:
+        overrides["metrics_port"] = metrics_port
     try:
         settings = Settings.load(config_file=config, **overrides)
         if settings.master_secret is None:
@@ -368,22 +390,93 @@ def serve(
             # localnet on SQLite: one secret per data directory, so leases survive a restart.
             overrides["master_secret"] = local_master_secret(settings.data_dir)
             settings = Settings.load(config_file=config, **overrides)
+        if workers > 1:
+            if workers > MAX_WORKERS:
+                raise ValueError(f"--workers is at most {MAX_WORKERS}")
+            if settings.effective_database_url.startswith("sqlite") or not settings.redis_url:
+                raise ValueError(
+                    "--workers above 1 needs PostgreSQL (GASLESS_DATABASE_URL) and Redis (GASLESS_REDIS_URL): "
+                    "the workers share them as two hosts do; SQLite has one writer"
+                )
     except ValueError as exc:
         invalid_settings(exc)
     assert settings.master_secret is not None
     configure_logging(
         json_lines=True, level=settings.log_level, secrets=[settings.master_secret.get_secret_value()]
     )
+    if workers > 1:
+        _serve_workers(settings, workers, host_id, config)
+        return
+    if listen_fd is not None:  # a worker of `--workers N`: the parent bound the ports
+        metrics = adopt_socket(metrics_fd) if metrics_fd is not None else None
+        listeners = Listeners(adopt_socket(listen_fd), metrics)
+    else:
+        try:
+            listeners = host_listeners(settings)
+        except PortUnavailable as exc:
+            _cannot_start(exc, 2)
+
+    async def main() -> None:
+        if parent_fd is not None:
+            watch_parent(parent_fd)
+        await serve_api(settings, listeners, log_level=settings.log_level.lower(), ready_wait_s=ready_wait_s)
+
     try:
-        listeners = host_listeners(settings)
-    except PortUnavailable as exc:
-        _cannot_start(exc, 2)
-    try:
-        run_service(lambda: serve_api(settings, listeners, log_level=settings.log_level.lower()))
+        run_service(main)
     except ServiceRefused as exc:
         _refused(exc.reason, exc.database_url, embedded=False)
     except ServerFailed as exc:
         _cannot_start(exc, 1)
+
+
+def _serve_workers(settings: Any, workers: int, host_id: str | None, config: Path | None) -> None:
+    """`gasless serve --workers N`: bind the ports, then run and supervise the workers (gasless.api_workers)."""
+    from gasless.api_workers import WorkerSupervisor, worker_command
+    from gasless.embedded import PortUnavailable, listen
+
+    try:
+        api = listen(
+            settings.api_host,
+            settings.api_port,
+            "the API port",
+            "pass --port (or GASLESS_API_PORT) with a free port",
+        )
+    except PortUnavailable as exc:
+        _cannot_start(exc, 2)
+    metrics: list[Any] = []
+    for index in range(workers):
+        sock = None
+        if settings.metrics_port:
+            try:
+                sock = listen(
+                    settings.metrics_host,
+                    settings.metrics_port + index,
+                    f"the metrics port of worker {index}",
+                    "serving that worker without metrics",
+                )
+            except PortUnavailable as exc:  # as for one process: metrics never refuse traffic
+                console.print(f"[yellow]warning:[/yellow] {escape(str(exc))}")
+        metrics.append(sock)
+    port = api.getsockname()[1]
+    supervisor = WorkerSupervisor(
+        worker_command(host_id, port, None if config is None else str(config)), api, metrics
+    )
+    status = 0
+
+    async def main() -> None:
+        nonlocal status
+        status = await supervisor.run()
+
+    try:
+        # The parent runs no server: the standard loop (its child watcher) is all it needs.
+        run_until_stopped(main, asyncio.run)
+    finally:
+        api.close()
+        for sock in metrics:
+            if sock is not None:
+                sock.close()
+    if status:
+        _cannot_start("an API worker refused to start (its log says why)", status)
 
 
 @app.command()

@@ -1,0 +1,310 @@
+"""`gasless serve --workers 2`: one host, two API worker processes behind one port, on one PostgreSQL and
+one Redis, against one `gasless localnet` process.
+
+Each worker is an instance of its own (`a.0`, `a.1`) to the signer fence, intent ownership and singleton
+presence; clients see host `a` with two boot epochs. A worker killed with SIGKILL after its commit point
+loses nothing: its intent is finished, the parent starts it again, and the new one takes no connection
+before it can relay (every relay sent meanwhile succeeds). The parent's SIGTERM stops every worker; the
+parent's SIGKILL makes them stop themselves.
+
+The processes are shared by the module; the tests run in order (the last ones stop the parent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import requests
+from process_kit import reap  # type: ignore[import-not-found]
+from relay_kit import MASTER_SECRET  # type: ignore[import-not-found]
+from test_two_hosts import (  # type: ignore[import-not-found]
+    ROLES,
+    Cluster,
+    Host,
+    _pg,
+    assign,
+    free_port,
+    new_sender,
+    port_pair,
+    signed,
+    wait_state,
+    wait_until,
+)
+
+from gasless.localnet.genesis import load_or_create_wallet
+from gasless.localnet.owner import unpause
+from gasless.settings import MAX_WORKERS
+
+pytestmark = [pytest.mark.postgres, pytest.mark.redis]
+
+
+@dataclass
+class WorkersHost:
+    cluster: Cluster
+    host: Host  # the one API port (and worker 0's metrics port)
+    metrics_port: int
+    parent: subprocess.Popen[bytes]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    def workers(self) -> dict[int, int]:
+        """{worker index: pid} of the parent's living children."""
+        pids = Path(f"/proc/{self.parent.pid}/task/{self.parent.pid}/children").read_text().split()
+        found: dict[int, int] = {}
+        for pid in pids:
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except FileNotFoundError:
+                continue
+            if b"--worker" in argv:
+                found[int(argv[argv.index(b"--worker") + 1])] = int(pid)
+        return found
+
+    def scrape(self, index: int) -> str:
+        return requests.get(f"http://127.0.0.1:{self.metrics_port + index}/metrics", timeout=5).text
+
+    def relays_served(self, index: int) -> float:
+        for line in self.scrape(index).splitlines():
+            if line.startswith("gasless_http_request_duration_seconds_count{") and all(
+                part in line for part in ('method="POST"', 'route="/v1/relay"', 'status_class="2xx"')
+            ):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def boots_ready(self, not_ready: list[str] | None = None) -> set[int]:
+        """Boot epochs of the workers that answered /readyz 200 over fresh connections, 20 tries; other
+        answers are appended to `not_ready`."""
+        boots = set()
+        for _ in range(20):
+            answer = requests.get(f"{self.host.base}/readyz", timeout=5)
+            if answer.status_code == 200:
+                boots.add(int(answer.json()["bootEpochMs"]))
+            elif not_ready is not None:
+                not_ready.append(answer.text)
+        return boots
+
+
+def relay_once(cluster: Cluster, host: Host) -> requests.Response:
+    key, sender = new_sender(cluster)
+    assignment = assign(cluster, host, key, sender)
+    tx = signed(cluster, key, assignment)
+    return host.post("/v1/relay", {"tx": tx.to_dictionary(), "lease": assignment["lease"]})
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkersHost]:
+    server_url = os.environ.get("GASLESS_TEST_POSTGRES_URL")
+    redis_url = os.environ.get("GASLESS_TEST_REDIS_URL")
+    if not server_url or not redis_url:
+        pytest.skip("API workers suite skipped: needs GASLESS_TEST_POSTGRES_URL and GASLESS_TEST_REDIS_URL")
+    tmp = tmp_path_factory.mktemp("api-workers")
+    name = f"gasless_api_workers_{uuid.uuid4().hex[:10]}"
+    asyncio.run(_pg(server_url, f'CREATE DATABASE "{name}"'))
+    database_url = f"{server_url.rsplit('/', 1)[0]}/{name}"
+    gateway_port = free_port()
+    localnet = subprocess.Popen(
+        [
+            sys.executable, "-m", "gasless.cli", "localnet",
+            "--port", str(gateway_port), "--data-dir", str(tmp), "--round-ms", "100",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    parent: subprocess.Popen[bytes] | None = None
+    try:
+        gateway = f"http://127.0.0.1:{gateway_port}"
+        info = wait_until(
+            lambda: requests.get(f"{gateway}/localnet/info", timeout=2).json()["data"], "localnet"
+        )
+        owner = load_or_create_wallet(Path(info["ownerPem"]).parent, "owner")
+        asyncio.run(unpause(gateway, owner, info["contract"]))
+        cluster = Cluster(gateway, info, owner, secrets=[MASTER_SECRET], tmp=tmp)
+        port, metrics_port = free_port(), port_pair()
+        log_path = tmp / "workers.log"
+        env = {
+            **os.environ,
+            "GASLESS_PROFILE": "localnet",
+            "GASLESS_HOST_ID": "a",
+            "GASLESS_MASTER_SECRET": MASTER_SECRET,
+            "GASLESS_GATEWAY_URLS": json.dumps([gateway]),
+            "GASLESS_DATABASE_URL": database_url,
+            "GASLESS_REDIS_URL": redis_url,
+            "GASLESS_DATA_DIR": str(tmp / "data"),
+            "GASLESS_CONTRACT_ADDRESS": info["contract"],
+            "GASLESS_PAIR_ADDRESS": info["pair"],
+            "GASLESS_WRAPPER_ADDRESS": info["wrapper"],
+            "GASLESS_RELAYER_KEY_FILES": json.dumps([r["pem"] for r in info["relayers"]]),
+            "GASLESS_API_BASE_URL": f"http://127.0.0.1:{port}",
+            "GASLESS_APP_ORIGIN": "http://127.0.0.1:3000",
+            "GASLESS_METRICS_PORT": str(metrics_port),
+            # Long enough that a restarted worker waits seconds for its predecessor's claim to lapse.
+            "GASLESS_SIGNER_FENCE_TTL_MS": "8000",
+            "GASLESS_RELAYER_REFRESH_MS": "500",
+        }
+        env.pop("GASLESS_CONFIG", None)
+        with log_path.open("wb") as log_file:
+            parent = subprocess.Popen(
+                [sys.executable, "-m", "gasless.cli", "serve", "--workers", "2", "--port", str(port)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log_file,
+                start_new_session=True,
+            )
+        host = Host("a", f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}", log_path, parent)
+        workers = WorkersHost(cluster, host, metrics_port, parent, log_path, env)
+        # Both workers ready: two boot epochs answer /readyz 200 on the one port.
+        wait_until(lambda: len(workers.boots_ready()) >= 2, "both workers ready")
+        yield workers
+    finally:
+        if parent is not None:
+            if parent.poll() is None:
+                parent.send_signal(signal.SIGTERM)
+                try:
+                    parent.wait(60)
+                except subprocess.TimeoutExpired:
+                    pass
+            reap(parent)
+        localnet.terminate()
+        try:
+            localnet.wait(15)
+        finally:
+            reap(localnet)
+        asyncio.run(_pg(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+def test_two_workers_serve_one_port_as_host_a_with_their_own_identities(served: WorkersHost) -> None:
+    assert sorted(served.workers()) == [0, 1]
+    answers = [requests.get(f"{served.host.base}/readyz", timeout=5).json() for _ in range(30)]
+    boots = {answer["bootEpochMs"] for answer in answers}
+    # One host to clients; two processes, whose boot epochs (stream event ids) differ by construction.
+    assert {answer["hostId"] for answer in answers} == {"a"}
+    assert len(boots) == 2 and {boot % MAX_WORKERS for boot in boots} == {0, 1}
+    # Each singleton runs on exactly one worker (they start together, so the roles may split between
+    # them): they are distinct instances to the leader election.
+    by_boot = {answer["bootEpochMs"]: answer["singletons"] for answer in answers}
+    for role in ROLES:
+        assert sorted(roles[role] for roles in by_boot.values()) == ["leader", "standby"], by_boot
+    # Worker k's metrics on the metrics port + k, where the same split shows.
+    scraped = [served.scrape(k) for k in (0, 1)]
+    for role in ROLES:
+        leads = [f'gasless_singleton_leader{{role="{role}"}} 1.0' in text for text in scraped]
+        assert sorted(leads) == [False, True], role
+    log_lines = [
+        json.loads(line) for line in served.log_path.read_text().splitlines() if line.startswith("{")
+    ]
+    assert {line.get("host_id") for line in log_lines if line.get("event") == "host ready"} == {"a.0", "a.1"}
+
+
+def test_relays_through_the_one_port_are_served_by_both_workers(served: WorkersHost) -> None:
+    hashes = []
+    for _ in range(24):  # each request on a fresh connection: the kernel hands it to either worker
+        relayed = relay_once(served.cluster, served.host)
+        assert relayed.status_code in (200, 202), relayed.text
+        hashes.append(relayed.json()["txHash"])
+    for tx_hash in hashes:
+        final = wait_state(served.host, tx_hash, "FINALIZED")
+        assert final["outcome"] == "success"
+        assert served.cluster.submissions(tx_hash) == 1
+    served_by = [served.relays_served(k) for k in (0, 1)]
+    assert all(count >= 1 for count in served_by), served_by
+
+
+def test_a_worker_killed_after_its_commit_point_loses_nothing_and_comes_back_ready(
+    served: WorkersHost,
+) -> None:
+    cluster, host = served.cluster, served.host
+    old_boots = served.boots_ready()
+    assert len(old_boots) == 2
+    before = {k: served.relays_served(k) for k in (0, 1)}
+    # Hold every send at the gateway: a worker commits, no gateway acknowledges, then it dies.
+    cluster.faults({"gateway": {"latencyMs": {"/transaction/send": 120_000}}})
+    try:
+        relayed = relay_once(cluster, host)
+        assert relayed.status_code == 202 and relayed.json()["state"] == "COSIGNED", relayed.text
+        after = {k: served.relays_served(k) for k in (0, 1)}
+        (victim,) = [k for k in (0, 1) if after[k] > before[k]]
+        os.kill(served.workers()[victim], signal.SIGKILL)
+    finally:
+        cluster.faults({"gateway": {"latencyMs": {}}})
+    # While the new worker starts (its predecessor's signer claim must lapse first), the port keeps
+    # answering, and never with a refusal nor a /readyz 503: the starting worker takes no connection
+    # before it can relay.
+    refused: list[str] = []
+
+    def new_worker_serves() -> bool:
+        answer = relay_once(cluster, host)
+        if answer.status_code not in (200, 202):
+            refused.append(answer.text)
+        boots = served.boots_ready(not_ready=refused)
+        return any(boot % MAX_WORKERS == victim and boot not in old_boots for boot in boots)
+
+    wait_until(new_worker_serves, f"the restarted worker {victim} ready", timeout=60)
+
+    def new_worker_relayed() -> bool:
+        answer = relay_once(cluster, host)
+        if answer.status_code not in (200, 202):
+            refused.append(answer.text)
+        return served.relays_served(victim) >= 1  # the new process's own count
+
+    wait_until(new_worker_relayed, f"the restarted worker {victim} relays", timeout=60)
+    assert refused == []
+    # Nothing lost: the intent co-signed by the dead worker is broadcast and followed to the end.
+    final = wait_state(host, relayed.json()["txHash"], "FINALIZED")
+    assert final["outcome"] == "success"
+    assert final["cosignedAtMs"] == relayed.json()["intent"]["cosignedAtMs"]
+    logged = [json.loads(line) for line in served.log_path.read_text().splitlines() if line.startswith("{")]
+    assert any(line.get("event") == "API worker exited" and line["worker"] == victim for line in logged)
+
+
+def test_sigterm_stops_every_worker_cleanly(served: WorkersHost) -> None:
+    pids = list(served.workers().values())
+    assert len(pids) == 2
+    served.parent.send_signal(signal.SIGTERM)
+    assert served.parent.wait(60) == 128 + signal.SIGTERM
+    for pid in pids:  # reaped by the parent: gone, not zombies
+        assert not Path(f"/proc/{pid}").exists()
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"{served.host.base}/healthz", timeout=2)
+
+
+def test_workers_stop_themselves_when_their_parent_is_killed(served: WorkersHost) -> None:
+    """A parent killed with SIGKILL cannot forward anything: its workers see the pipe close and stop."""
+    port = free_port()
+    with served.log_path.open("ab") as log_file:
+        parent = subprocess.Popen(
+            [sys.executable, "-m", "gasless.cli", "serve", "--workers", "2", "--port", str(port)],
+            env={**served.env, "GASLESS_API_BASE_URL": f"http://127.0.0.1:{port}"},
+            stdout=subprocess.DEVNULL,
+            stderr=log_file,
+            start_new_session=True,
+        )
+    try:
+        workers = WorkersHost(served.cluster, served.host, served.metrics_port, parent, served.log_path)
+        wait_until(lambda: len(workers.workers()) == 2, "two workers started")
+        pids = list(workers.workers().values())
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: requests.get(f"{base}/healthz", timeout=2).status_code == 200, "serving")
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        wait_until(lambda: all(not _alive(pid) for pid in pids), "both workers stopped", timeout=60)
+    finally:
+        reap(parent)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, exited but not reaped by init yet, counts as stopped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
