@@ -16,7 +16,11 @@ runs (the ratio uses their mean: this shared VM's speed drifts by up to 2x withi
 
 With `--database-url` (PostgreSQL) the service runs on a fresh database made for the run, and the floor's
 insert is a durable single-row PostgreSQL transaction too; `--hosts 2 --redis-url ...` starts hosts `a`
-and `b` as two processes sharing it, each sender sticking to one host.
+and `b` as two processes sharing it, each sender sticking to one host. `--workers N` serves the one host
+as `gasless serve --workers N` (N API processes on one port; their CPU is counted with the parent's), and
+`--scaling` runs the same host with 1 worker, then with N, in one invocation, and prints the ratio of their
+maxima (issue 17, target 5: at least 1.6x with 2 workers when localnet and the load generator run on other
+cores: `--api-cpus` and `--other-cpus` pin them, and every run prints the cores each process may use).
 
     .venv/bin/python bench/relay.py --senders 40 --per-sender 30 --concurrency 40
     .venv/bin/python bench/relay.py --hosts 2 --database-url postgresql+asyncpg://postgres@127.0.0.1/postgres \
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -86,6 +91,23 @@ async def wait_ok(session: aiohttp.ClientSession, url: str, timeout: float = 60)
             pass
         await asyncio.sleep(0.1)
     raise RuntimeError(f"{url} not ready")
+
+
+async def wait_workers_ready(
+    session: aiohttp.ClientSession, api: str, workers: int, timeout: float = 120
+) -> None:
+    """Until `workers` distinct boot epochs answered /readyz 200 (each on a fresh connection)."""
+    deadline = time.monotonic() + timeout
+    ready: set[int] = set()
+    while time.monotonic() < deadline:
+        with contextlib.suppress(aiohttp.ClientError):
+            async with session.get(f"{api}/readyz", headers={"Connection": "close"}) as resp:
+                if resp.status == 200:
+                    ready.add(int((await resp.json())["bootEpochMs"]))
+        if len(ready) >= workers:
+            return
+        await asyncio.sleep(0.05)
+    raise RuntimeError(f"{api}: {len(ready)} of {workers} workers ready")
 
 
 async def grant_plans(
@@ -377,16 +399,32 @@ def _proc_stat(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
-def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
-    """User + system CPU time the processes used so far (Linux /proc), in seconds."""
-    ticks = 0
+def with_children(procs: list[subprocess.Popen[bytes]]) -> list[int]:
+    """The processes' pids and their children's (the workers of `gasless serve --workers N`)."""
+    pids = []
     for proc in procs:
+        pids.append(proc.pid)
+        with contextlib.suppress(OSError):
+            pids += [int(c) for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()]
+    return pids
+
+
+def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
+    """User + system CPU time the processes and their children used so far (Linux /proc), in seconds."""
+    ticks = 0
+    for pid in with_children(procs):
         try:
-            fields = _proc_stat(proc.pid)
+            fields = _proc_stat(pid)
         except OSError:
             return float("nan")
         ticks += int(fields[11]) + int(fields[12])  # utime, stime
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def cpus_of(pids: list[int]) -> str:
+    """The cores the processes may run on, e.g. `0-1` (what `--api-cpus` / `--other-cpus` set)."""
+    sets = {",".join(str(c) for c in sorted(os.sched_getaffinity(pid))) for pid in pids}
+    return " | ".join(sorted(sets))
 
 
 class StorageCpu:
@@ -483,7 +521,7 @@ async def measured_phase(
     """Runs one phase of posts; returns its (seconds, results) with the CPU seconds and the instructions
     (None without perf) the processes spent meanwhile, and the CPU seconds of the shared storage (PostgreSQL
     backends, Redis) with `storage`."""
-    counter = InstructionCount([proc.pid for proc in procs])
+    counter = InstructionCount(with_children(procs))
     storage_before = await storage.seconds() if storage else {}
     counter.start()
     cpu_before = cpu_seconds(procs)
@@ -678,6 +716,7 @@ async def run(
     storage_cpu = StorageCpu(database_url, args.redis_url) if database_url else None
     localnet = subprocess.Popen(
         [
+            *(["taskset", "-c", args.other_cpus] if args.other_cpus else []),
             py,
             *localnet_profile,
             "-m",
@@ -706,15 +745,23 @@ async def run(
             # One process per host; the first migrates the database before the next starts.
             for index, (port, api) in enumerate(zip(api_ports, apis, strict=True)):
                 profile = ["-m", "cProfile", "-o", f"{args.profile_api}.{index}"] if args.profile_api else []
+                workers = ["--workers", str(args.workers)] if args.workers > 1 else []
+                pin = ["taskset", "-c", args.api_cpus] if args.api_cpus else []
                 api_procs.append(
                     subprocess.Popen(
-                        [py, *profile, "-m", "gasless.cli", "serve", "--port", str(port)],
+                        [*pin, py, *profile, "-m", "gasless.cli", "serve", "--port", str(port), *workers],
                         env={**env, "GASLESS_HOST_ID": HOST_IDS[index]},
                         stdout=subprocess.DEVNULL,
                         stderr=subprocess.DEVNULL,
                     )
                 )
                 await wait_ok(session, f"{api}/readyz")
+                if args.workers > 1:  # every worker ready (each connection goes to any of them)
+                    await wait_workers_ready(session, api, args.workers)
+            console.print(
+                f"cores: API {cpus_of(with_children(api_procs))}; localnet {cpus_of([localnet.pid])}; "
+                f"load generator {cpus_of([os.getpid()])}"
+            )
             with console.status("granting plans to senders"):
                 senders = [UserSecretKey.generate() for _ in range(args.senders)]
                 await grant_plans(session, gateway, info, senders)
@@ -794,7 +841,8 @@ async def run(
 
     mode = "unbilled" if unbilled else "billed"
     table = Table(
-        title=f"bench/relay.py ({mode}, {args.hosts} host(s), {storage}): {args.senders} senders x "
+        title=f"bench/relay.py ({mode}, {args.hosts} host(s) x {args.workers} API process(es), {storage}): "
+        f"{args.senders} senders x "
         f"{args.per_sender} relays, concurrency {args.concurrency}"
     )
     for col in (
@@ -878,6 +926,7 @@ async def run(
         "idle_cpu_ms_per_s": idle_cpu_ms_per_s,
         "mode": mode,
         "hosts": args.hosts,
+        "workers": args.workers,
         "storage": storage,
         "max": top,
         "paced": paced,
@@ -921,6 +970,23 @@ def main() -> int:
         help="PostgreSQL server to run on (postgresql+asyncpg://...); a fresh database is made per run",
     )
     parser.add_argument("--redis-url", default="", help="Redis for two hosts (redis://...)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="API worker processes of the one host (`gasless serve --workers N`; needs --database-url and "
+        "--redis-url)",
+    )
+    parser.add_argument(
+        "--scaling",
+        action="store_true",
+        help="run with 1 worker, then with --workers N, and print the ratio of their maxima (target 5: >= 1.6x "
+        "with 2 workers, localnet and the load generator on other cores)",
+    )
+    parser.add_argument("--api-cpus", default="", help="cores of the API processes (taskset -c list)")
+    parser.add_argument(
+        "--other-cpus", default="", help="cores of localnet and of this load generator (taskset -c list)"
+    )
     parser.add_argument("--floor-count", type=int, default=3000)
     parser.add_argument(
         "--idle-s",
@@ -955,6 +1021,19 @@ def main() -> int:
         parser.error("--paced-share is a share of the maximum: more than 0, at most 1")
     if args.storage_ratio and not (args.database_url and args.redis_url):
         parser.error("--storage-ratio needs --database-url (PostgreSQL) and --redis-url")
+    if (args.workers > 1 or args.scaling) and not (args.database_url and args.redis_url and args.hosts == 1):
+        parser.error("--workers and --scaling need --database-url (PostgreSQL), --redis-url and one host")
+    if args.scaling and args.workers < 2:
+        parser.error("--scaling compares 1 worker with --workers N: give --workers 2 or more")
+    if args.other_cpus:
+        os.sched_setaffinity(0, {int(c) for c in _cpu_list(args.other_cpus)})
+    if args.scaling:
+        with tempfile.TemporaryDirectory() as tmp:
+            one = asyncio.run(run(argparse.Namespace(**{**vars(args), "workers": 1}), Path(tmp)))
+        with tempfile.TemporaryDirectory() as tmp:
+            many = asyncio.run(run(args, Path(tmp)))
+        compare_workers(one, many)
+        return 0
     if args.storage_ratio:
         with tempfile.TemporaryDirectory() as tmp:
             on_sqlite = asyncio.run(run(args, Path(tmp), sqlite=True))
@@ -971,6 +1050,31 @@ def main() -> int:
             without = asyncio.run(run(args, Path(tmp), rollups=False))
         compare_rollups(billed, without)
     return 0
+
+
+def _cpu_list(text: str) -> list[int]:
+    """`0,2-3` -> [0, 2, 3] (taskset's list format)."""
+    cores: list[int] = []
+    for part in text.split(","):
+        first, _, last = part.partition("-")
+        cores += list(range(int(first), int(last or first) + 1))
+    return cores
+
+
+def compare_workers(one: dict[str, Any], many: dict[str, Any]) -> None:
+    """Target 5's scaling half: the maximum with N workers against 1, measured in one invocation."""
+    for phase in ("max", "paced"):
+        a, b = one[phase], many[phase]
+        console.print(
+            f"{phase}: {many['workers']} workers {b['relays_per_s']:.0f} relays/s "
+            f"({b['service_cpu_ms_per_relay']:.2f} ms of service CPU per relay) against 1 worker "
+            f"{a['relays_per_s']:.0f} relays/s ({a['service_cpu_ms_per_relay']:.2f} ms)"
+            + (
+                f": {b['relays_per_s'] / a['relays_per_s']:.2f}x (issue 17, target 5: at least 1.6x with 2)"
+                if phase == "max"
+                else ""
+            )
+        )
 
 
 def compare_storage(on_sqlite: dict[str, Any], shared: dict[str, Any]) -> None:

@@ -53,7 +53,7 @@ class RedisFanout:
         self.listener = listener  # its own connection: a subscribed connection blocks on reads
         self.channel = f"{namespace}:stream"
         self.interest_key = f"{namespace}:stream:interest"
-        self.origin = origin  # `<hostId>.<bootEpochMs>`: this process
+        self.origin = origin  # `<instanceId>.<bootEpochMs>`: this process
         self.hub = hub
         self.clock = clock
         self._outbox: asyncio.Queue[str] = asyncio.Queue(_QUEUE)

@@ -181,7 +181,7 @@ def build_stream_service(settings: Any, keys: Any, redis: Any, boot_epoch_ms: in
         namespace = redis_namespace(settings.redis_prefix, settings.key_env, settings.network.chain_id)
         used = RedisUsedTickets(redis, namespace)
         listener = Redis.from_url(settings.redis_url, socket_connect_timeout=2)
-        fanout = RedisFanout(redis, listener, namespace, f"{settings.host_id}.{boot_epoch_ms}", hub)
+        fanout = RedisFanout(redis, listener, namespace, f"{settings.instance_id}.{boot_epoch_ms}", hub)
         hub.fanout = fanout
     else:
         used = LocalUsedTickets()
