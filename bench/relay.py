@@ -421,6 +421,16 @@ def cpu_seconds(procs: list[subprocess.Popen[bytes]]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_by_process(procs: list[subprocess.Popen[bytes]]) -> dict[int, float]:
+    """{pid: CPU seconds so far} of the processes and their children."""
+    found = {}
+    for pid in with_children(procs):
+        with contextlib.suppress(OSError):
+            fields = _proc_stat(pid)
+            found[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return found
+
+
 def cpus_of(pids: list[int]) -> str:
     """The cores the processes may run on, e.g. `0-1` (what `--api-cpus` / `--other-cpus` set)."""
     sets = {",".join(str(c) for c in sorted(os.sched_getaffinity(pid))) for pid in pids}
@@ -784,9 +794,17 @@ async def run(
             # Warm-up, then the maximum: closed loop at high concurrency.
             with console.status(f"max throughput: {len(first)} relays at concurrency {args.concurrency}"):
                 counted = await gateway_requests(session, gateway)
+                by_process = cpu_by_process(api_procs)
                 elapsed, results, cpu_used, instructions, storage_used = await measured_phase(
                     api_procs, post_all(session, first, args.concurrency, None), storage_cpu
                 )
+                if args.workers > 1:  # how evenly the kernel spread the connections over the workers
+                    after = cpu_by_process(api_procs)
+                    shares = [after[pid] - by_process.get(pid, 0.0) for pid in after]
+                    console.print(
+                        "max: CPU seconds by API process (parent first): "
+                        + ", ".join(f"{seconds:.2f}" for seconds in shares)
+                    )
                 requests_max = requests_per_relay(
                     counted, await gateway_requests(session, gateway), len(first)
                 )
