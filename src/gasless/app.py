@@ -74,6 +74,8 @@ async def _until_ready(state: HostState, startup: asyncio.Task[None], wait_s: fl
         await asyncio.wait({startup}, timeout=0.1)
     # A restarted worker's claim: its predecessor's must lapse first (gasless.signer.fence); polled, as
     # the fence renews on its own schedule.
+    if startup.done() and (startup.cancelled() or startup.exception() is not None):
+        return  # failed: serve, so /readyz tells why
     while time.monotonic() < deadline and state.signer is not None and not state.signer.holds:
         await asyncio.sleep(0.1)
 
