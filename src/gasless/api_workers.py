@@ -1,9 +1,17 @@
 """A host's API worker processes: `gasless serve --workers N` (issue 17, target 5).
 
 One API process is held to one core by the GIL. `--workers N` runs N `gasless serve` processes of one host
-behind one listening socket: this parent binds it (and the admin ports: worker k's metrics on the metrics
-port + k), starts the workers with the socket inherited, and the kernel hands each new connection to
-whichever worker accepts it first. A worker that is not serving yet is not accepting, so it gets nothing.
+on one API port. Each worker listens on it with its own socket (SO_REUSEPORT), and the kernel spreads new
+connections evenly over the listening sockets by address hash. A worker's socket is bound at its start but
+listens only once its start-up is done (uvicorn listens after the lifespan's start-up), so a worker that is
+not ready is not in the group and gets nothing. (One socket shared by all workers spread connections
+unevenly, 60/40 and worse: whichever worker woke first took every connection waiting, and kept connections
+stayed there. The price of a socket each: the connections waiting in a worker's own queue when it dies
+are reset unread; nothing in them was processed, and a client resends the same bytes.)
+
+This parent only reserves the port (bound, never listening: no other program can take it, and it gets no
+connection), binds the admin ports (worker k's metrics on the metrics port + k, passed down), starts the
+workers and supervises them.
 
 Everything the workers share lives in PostgreSQL and Redis, exactly as for two hosts. Each worker is an
 instance of its own (`Settings.instance_id`, `<hostId>.<k>`) to the signer fence, to intent ownership and
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -66,12 +75,12 @@ class Worker:
 
 @dataclass
 class WorkerSupervisor:
-    """Starts `count` workers running `command` (the `gasless serve` command line, without the worker
-    options) on the shared `api` socket, and keeps them running until cancelled; see the module docstring.
+    """Starts a worker per entry of `metrics` (its admin socket, or None) running `command` (the `gasless
+    serve` command line, without the worker options), and keeps them running until cancelled; see the
+    module docstring.
     `run` returns the exit status the host should end with when a worker refused."""
 
     command: Sequence[str]
-    api: socket.socket
     metrics: Sequence[socket.socket | None]
     ready_wait_s: float = READY_WAIT_S
     workers: list[Worker] = field(default_factory=list)
@@ -103,10 +112,10 @@ class WorkerSupervisor:
             os.close(parent_read)
 
     async def _start(self, worker: Worker, parent_read: int, *, ready_wait_s: float) -> None:
-        fds = [self.api.fileno(), parent_read]
+        fds = [parent_read]
         options = [
             "--worker", str(worker.index),
-            "--listen-fd", str(self.api.fileno()),
+            "--reuse-port",
             "--parent-fd", str(parent_read),
             "--ready-wait-s", str(ready_wait_s),
         ]  # fmt: skip
@@ -160,6 +169,45 @@ def worker_command(host_id: str | None, port: int, config: str | None) -> list[s
     if config is not None:
         command += ["--config", config]
     return command
+
+
+def _reusable(host: str) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    return sock
+
+
+def reserve_port(host: str, port: int) -> socket.socket:
+    """The parent's hold on the API port: bound with SO_REUSEPORT, never listening. OSError when another
+    program has the port (bound without SO_REUSEPORT), or listens on it (a stale gasless with SO_REUSEPORT
+    of the same user could otherwise share it silently)."""
+    sock = _reusable(host)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    try:
+        probe = socket.create_connection(sock.getsockname()[:2], timeout=1)
+    except OSError:
+        return sock  # nobody listens: the port is ours
+    probe.close()
+    sock.close()
+    raise OSError(errno.EADDRINUSE, "another program listens on it")
+
+
+def worker_socket(host: str, port: int) -> socket.socket:
+    """A worker's API socket: bound with SO_REUSEPORT, not listening yet (the server listens once its
+    start-up is done, and only then does the kernel hand it connections)."""
+    sock = _reusable(host)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.setblocking(False)
+    return sock
 
 
 def adopt_socket(fd: int) -> socket.socket:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,28 @@ def test_serve_workers_without_what_they_share_is_refused(
     line = error_line(result)
     assert expected in line and "--workers" in line, line
     assert not (tmp_path / "gasless.db").exists()  # refused before anything started
+
+
+@pytest.mark.parametrize("holder", ["a plain listener", "a listener with SO_REUSEPORT"])
+def test_serve_workers_refuses_a_port_another_program_holds(holder: str, tmp_path: Path) -> None:
+    """The parent only reserves the port (the workers listen with SO_REUSEPORT): a port bound by another
+    program, or listened on by one that also set SO_REUSEPORT (a stale gasless), is refused."""
+    with socket.socket() as other:
+        if holder != "a plain listener":
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        env = piped_env(
+            GASLESS_DATA_DIR=str(tmp_path),
+            GASLESS_MASTER_SECRET="m" * 32,
+            GASLESS_DATABASE_URL="postgresql+asyncpg://nobody@127.0.0.1:1/x",
+            GASLESS_REDIS_URL="redis://127.0.0.1:1/0",
+        )
+        result = run("serve", "--workers", "2", "--port", str(port), env=env)
+    assert result.returncode == EXIT_USAGE, result.stdout + result.stderr
+    line = error_line(result)
+    assert f"127.0.0.1:{port} is in use" in line and "--port" in line, line
 
 
 def test_verify_proof_of_a_missing_file_is_one_line(tmp_path: Path) -> None:

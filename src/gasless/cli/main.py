@@ -351,14 +351,14 @@ def serve(
     ] = 1,
     # Set by the parent of `--workers N` on each worker (gasless.api_workers); not for people.
     worker: Annotated[int | None, typer.Option("--worker", hidden=True)] = None,
-    listen_fd: Annotated[int | None, typer.Option("--listen-fd", hidden=True)] = None,
+    reuse_port: Annotated[bool, typer.Option("--reuse-port", hidden=True)] = False,
     metrics_fd: Annotated[int | None, typer.Option("--metrics-fd", hidden=True)] = None,
     metrics_port: Annotated[int | None, typer.Option("--metrics-port", hidden=True)] = None,
     parent_fd: Annotated[int | None, typer.Option("--parent-fd", hidden=True)] = None,
     ready_wait_s: Annotated[float, typer.Option("--ready-wait-s", hidden=True)] = 0.0,
 ) -> None:
     """Run the API alone against the configured gateways and database (GASLESS_* settings)."""
-    from gasless.api_workers import adopt_socket, watch_parent
+    from gasless.api_workers import adopt_socket, watch_parent, worker_socket
     from gasless.embedded import (
         Listeners,
         PortUnavailable,
@@ -407,9 +407,13 @@ def serve(
     if workers > 1:
         _serve_workers(settings, workers, host_id, config)
         return
-    if listen_fd is not None:  # a worker of `--workers N`: the parent bound the ports
+    if reuse_port:  # a worker of `--workers N`: its own socket on the port; the parent bound metrics
         metrics = adopt_socket(metrics_fd) if metrics_fd is not None else None
-        listeners = Listeners(adopt_socket(listen_fd), metrics)
+        try:
+            api = worker_socket(settings.api_host, settings.api_port)
+        except OSError as exc:
+            _cannot_start(f"the API port {settings.api_host}:{settings.api_port}: {exc}", 1)
+        listeners = Listeners(api, metrics)
     else:
         try:
             listeners = host_listeners(settings)
@@ -431,18 +435,18 @@ def serve(
 
 def _serve_workers(settings: Any, workers: int, host_id: str | None, config: Path | None) -> None:
     """`gasless serve --workers N`: bind the ports, then run and supervise the workers (gasless.api_workers)."""
-    from gasless.api_workers import WorkerSupervisor, worker_command
+    from gasless.api_workers import WorkerSupervisor, reserve_port, worker_command
     from gasless.embedded import PortUnavailable, listen
 
     try:
-        api = listen(
-            settings.api_host,
-            settings.api_port,
-            "the API port",
-            "pass --port (or GASLESS_API_PORT) with a free port",
+        api = reserve_port(settings.api_host, settings.api_port)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        _cannot_start(
+            f"the API port {settings.api_host}:{settings.api_port} is in use ({reason}): pass --port (or "
+            "GASLESS_API_PORT) with a free port",
+            2,
         )
-    except PortUnavailable as exc:
-        _cannot_start(exc, 2)
     metrics: list[Any] = []
     for index in range(workers):
         sock = None
@@ -459,7 +463,7 @@ def _serve_workers(settings: Any, workers: int, host_id: str | None, config: Pat
         metrics.append(sock)
     port = api.getsockname()[1]
     supervisor = WorkerSupervisor(
-        worker_command(host_id, port, None if config is None else str(config)), api, metrics
+        worker_command(host_id, port, None if config is None else str(config)), metrics
     )
     status = 0
 
