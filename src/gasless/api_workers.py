@@ -9,9 +9,9 @@ unevenly, 60/40 and worse: whichever worker woke first took every connection wai
 stayed there. The price of a socket each: the connections waiting in a worker's own queue when it dies
 are reset unread; nothing in them was processed, and a client resends the same bytes.)
 
-This parent only reserves the port (bound, never listening: no other program can take it, and it gets no
-connection), binds the admin ports (worker k's metrics on the metrics port + k, passed down), starts the
-workers and supervises them.
+This parent reserves the port (bound, never listening: no other program can take it, and it gets no
+connection), binds the admin ports (worker k's metrics on the metrics port + k, passed down), and starts
+the workers.
 
 Everything the workers share lives in PostgreSQL and Redis, exactly as for two hosts. Each worker is an
 instance of its own (`Settings.instance_id`, `<hostId>.<k>`) to the signer fence, to intent ownership and
@@ -22,8 +22,8 @@ worker's boot epoch is distinct (gasless.host.boot_epoch_ms), so stream event id
 The parent only supervises:
 - A worker that exits on its own is started again after a back-off (1 s, doubling to 30 s; back to 1 s
   after a minute up). The new one serves only once its relay core is ready and its signer claim is held
-  (its predecessor's claim has to lapse first), so the shared socket never hands a connection to a worker
-  that would refuse it for that.
+  (its predecessor's claim has to lapse first): its socket listens only then, so the kernel never hands
+  it a connection it would refuse for that.
 - A worker that exits with status 2 (its settings or its chain refused) stops the host with that status:
   every worker would refuse the same way.
 - SIGINT or SIGTERM stop every worker cleanly (one SIGTERM each), then the parent.
@@ -104,7 +104,7 @@ class WorkerSupervisor:
                 await asyncio.sleep(exited.backoff_s)
                 exited.backoff_s = min(exited.backoff_s * 2, MAX_BACKOFF_S)
                 exited.restarts += 1
-                # The others serve meanwhile: the new one accepts only once it is ready.
+                # The others serve meanwhile: the new one listens only once it is ready.
                 await self._start(exited, parent_read, ready_wait_s=self.ready_wait_s)
         finally:
             await self._stop_all()
