@@ -91,7 +91,7 @@ def create_app(
     """The API host. `signer_wrapper` and `entitlement_factory` replace collaborators (fault tests, KMS);
     `route_limits` replaces the spec's request-limit table (tests, an operator's tighter limits).
     `ready_wait_s`: how long the start-up may hold off serving until the host is ready (a worker process
-    restarted behind a shared socket, gasless.api_workers); 0 serves at once, /readyz answering 503."""
+    restarted on its host's port, gasless.cli.api_workers); 0 serves at once, /readyz answering 503."""
     keys = purpose_keys(settings)
     state = HostState(
         settings=settings,

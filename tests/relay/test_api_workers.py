@@ -37,13 +37,13 @@ from test_two_hosts import (  # type: ignore[import-not-found]
     free_port,
     new_sender,
     port_pair,
+    serve_env,
     signed,
+    start_localnet,
     wait_state,
     wait_until,
 )
 
-from gasless.localnet.genesis import load_or_create_wallet
-from gasless.localnet.owner import unpause
 from gasless.settings import MAX_WORKERS
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
@@ -112,47 +112,34 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkersHost]:
     name = f"gasless_api_workers_{uuid.uuid4().hex[:10]}"
     asyncio.run(_pg(server_url, f'CREATE DATABASE "{name}"'))
     database_url = f"{server_url.rsplit('/', 1)[0]}/{name}"
-    gateway_port = free_port()
-    localnet = subprocess.Popen(
-        [
-            sys.executable, "-m", "gasless.cli", "localnet",
-            "--port", str(gateway_port), "--data-dir", str(tmp), "--round-ms", "100",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    localnet: subprocess.Popen[bytes] | None = None
     parent: subprocess.Popen[bytes] | None = None
     try:
-        gateway = f"http://127.0.0.1:{gateway_port}"
-        info = wait_until(
-            lambda: requests.get(f"{gateway}/localnet/info", timeout=2).json()["data"], "localnet"
+        localnet, gateway, info, owner = start_localnet(tmp)
+        cluster = Cluster(
+            gateway,
+            info,
+            owner,
+            secrets=[MASTER_SECRET],
+            database_url=database_url,
+            redis_url=redis_url,
+            tmp=tmp,
         )
-        owner = load_or_create_wallet(Path(info["ownerPem"]).parent, "owner")
-        asyncio.run(unpause(gateway, owner, info["contract"]))
-        cluster = Cluster(gateway, info, owner, secrets=[MASTER_SECRET], tmp=tmp)
         port, metrics_port = free_port(), port_pair()
         log_path = tmp / "workers.log"
         env = {
-            **os.environ,
-            "GASLESS_PROFILE": "localnet",
-            "GASLESS_HOST_ID": "a",
-            "GASLESS_MASTER_SECRET": MASTER_SECRET,
-            "GASLESS_GATEWAY_URLS": json.dumps([gateway]),
-            "GASLESS_DATABASE_URL": database_url,
-            "GASLESS_REDIS_URL": redis_url,
-            "GASLESS_DATA_DIR": str(tmp / "data"),
-            "GASLESS_CONTRACT_ADDRESS": info["contract"],
-            "GASLESS_PAIR_ADDRESS": info["pair"],
-            "GASLESS_WRAPPER_ADDRESS": info["wrapper"],
-            "GASLESS_RELAYER_KEY_FILES": json.dumps([r["pem"] for r in info["relayers"]]),
-            "GASLESS_API_BASE_URL": f"http://127.0.0.1:{port}",
-            "GASLESS_APP_ORIGIN": "http://127.0.0.1:3000",
-            "GASLESS_METRICS_PORT": str(metrics_port),
+            **serve_env(
+                cluster,
+                host_id="a",
+                port=port,
+                metrics_port=metrics_port,
+                data_dir=tmp / "data",
+                database_url=database_url,
+                redis_url=redis_url,
+            ),
             # Long enough that a restarted worker waits seconds for its predecessor's claim to lapse.
             "GASLESS_SIGNER_FENCE_TTL_MS": "8000",
-            "GASLESS_RELAYER_REFRESH_MS": "500",
         }
-        env.pop("GASLESS_CONFIG", None)
         with log_path.open("wb") as log_file:
             parent = subprocess.Popen(
                 [sys.executable, "-m", "gasless.cli", "serve", "--workers", "2", "--port", str(port)],
@@ -176,11 +163,12 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkersHost]:
                 except subprocess.TimeoutExpired:
                     pass
             reap(parent)
-        localnet.terminate()
-        try:
-            localnet.wait(15)
-        finally:
-            reap(localnet)
+        if localnet is not None:
+            localnet.terminate()
+            try:
+                localnet.wait(15)
+            finally:
+                reap(localnet)
         asyncio.run(_pg(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 

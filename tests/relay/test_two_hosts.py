@@ -138,6 +138,67 @@ class Cluster:
         raise AssertionError(f"{wanted} is not a localnet relayer")
 
 
+def serve_env(
+    cluster: Cluster,
+    *,
+    host_id: str,
+    port: int,
+    metrics_port: int,
+    data_dir: Path,
+    database_url: str,
+    redis_url: str,
+    gateway: str | None = None,
+) -> dict[str, str]:
+    """The environment of a `gasless serve` of this cluster (no config file of the test run leaks in)."""
+    info = cluster.info
+    env = {
+        **os.environ,
+        "GASLESS_PROFILE": "localnet",
+        "GASLESS_HOST_ID": host_id,
+        "GASLESS_MASTER_SECRET": MASTER_SECRET,
+        "GASLESS_GATEWAY_URLS": json.dumps([gateway or cluster.gateway]),
+        "GASLESS_DATABASE_URL": database_url,
+        "GASLESS_REDIS_URL": redis_url,
+        "GASLESS_DATA_DIR": str(data_dir),
+        "GASLESS_CONTRACT_ADDRESS": info["contract"],
+        "GASLESS_PAIR_ADDRESS": info["pair"],
+        "GASLESS_WRAPPER_ADDRESS": info["wrapper"],
+        "GASLESS_RELAYER_KEY_FILES": json.dumps([r["pem"] for r in info["relayers"]]),
+        "GASLESS_API_BASE_URL": f"http://127.0.0.1:{port}",
+        "GASLESS_APP_ORIGIN": "http://127.0.0.1:3000",
+        "GASLESS_METRICS_PORT": str(metrics_port),
+        "GASLESS_SIGNER_FENCE_TTL_MS": "2000",
+        "GASLESS_RELAYER_REFRESH_MS": "500",
+    }
+    env.pop("GASLESS_CONFIG", None)
+    return env
+
+
+def start_localnet(tmp: Path) -> tuple[subprocess.Popen[bytes], str, dict[str, Any], Any]:
+    """A `gasless localnet` process (100 ms rounds) with its billing contract unpaused: (process, gateway
+    URL, its info, the owner's key). The process is stopped here if it never answers."""
+    gateway_port = free_port()
+    localnet = subprocess.Popen(
+        [
+            sys.executable, "-m", "gasless.cli", "localnet",
+            "--port", str(gateway_port), "--data-dir", str(tmp), "--round-ms", "100",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        gateway = f"http://127.0.0.1:{gateway_port}"
+        info = wait_until(
+            lambda: requests.get(f"{gateway}/localnet/info", timeout=2).json()["data"], "localnet"
+        )
+        owner = load_or_create_wallet(Path(info["ownerPem"]).parent, "owner")
+        asyncio.run(unpause(gateway, owner, info["contract"]))
+    except BaseException:
+        _stop(localnet)
+        raise
+    return localnet, gateway, info, owner
+
+
 def _spawn_host(
     cluster: Cluster,
     tmp: Path,
@@ -152,28 +213,19 @@ def _spawn_host(
     and is returned as soon as it serves `/healthz`."""
     port, metrics_port = free_port(), free_port()
     log_path = tmp / f"host-{name or host_id}.log"
-    info = cluster.info
     env = {
-        **os.environ,
-        "GASLESS_PROFILE": "localnet",
-        "GASLESS_HOST_ID": host_id,
-        "GASLESS_MASTER_SECRET": MASTER_SECRET,
-        "GASLESS_GATEWAY_URLS": json.dumps([gateway or cluster.gateway]),
-        "GASLESS_DATABASE_URL": database_url,
-        "GASLESS_REDIS_URL": redis_url,
-        "GASLESS_DATA_DIR": str(tmp / f"data-{name or host_id}"),
-        "GASLESS_CONTRACT_ADDRESS": info["contract"],
-        "GASLESS_PAIR_ADDRESS": info["pair"],
-        "GASLESS_WRAPPER_ADDRESS": info["wrapper"],
-        "GASLESS_RELAYER_KEY_FILES": json.dumps([r["pem"] for r in info["relayers"]]),
-        "GASLESS_API_BASE_URL": f"http://127.0.0.1:{port}",
-        "GASLESS_APP_ORIGIN": "http://127.0.0.1:3000",
-        "GASLESS_METRICS_PORT": str(metrics_port),
+        **serve_env(
+            cluster,
+            host_id=host_id,
+            port=port,
+            metrics_port=metrics_port,
+            data_dir=tmp / f"data-{name or host_id}",
+            database_url=database_url,
+            redis_url=redis_url,
+            gateway=gateway,
+        ),
         "GASLESS_LOG_LEVEL": "DEBUG",
-        "GASLESS_SIGNER_FENCE_TTL_MS": "2000",
-        "GASLESS_RELAYER_REFRESH_MS": "500",
     }
-    env.pop("GASLESS_CONFIG", None)
     with log_path.open("wb") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gasless.cli", "serve", "--port", str(port)],
@@ -209,23 +261,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     name = f"gasless_two_hosts_{uuid.uuid4().hex[:10]}"
     asyncio.run(_pg(server_url, f'CREATE DATABASE "{name}"'))
     database_url = f"{server_url.rsplit('/', 1)[0]}/{name}"
-    gateway_port = free_port()
-    localnet = subprocess.Popen(
-        [
-            sys.executable, "-m", "gasless.cli", "localnet",
-            "--port", str(gateway_port), "--data-dir", str(tmp), "--round-ms", "100",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    procs = [localnet]
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        gateway = f"http://127.0.0.1:{gateway_port}"
-        info = wait_until(
-            lambda: requests.get(f"{gateway}/localnet/info", timeout=2).json()["data"], "localnet"
-        )
-        owner = load_or_create_wallet(Path(info["ownerPem"]).parent, "owner")
-        asyncio.run(unpause(gateway, owner, info["contract"]))
+        localnet, gateway, info, owner = start_localnet(tmp)
+        procs.append(localnet)
         cluster = Cluster(
             gateway,
             info,

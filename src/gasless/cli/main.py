@@ -349,7 +349,7 @@ def serve(
             "worker k serves metrics on the metrics port + k).",
         ),
     ] = 1,
-    # Set by the parent of `--workers N` on each worker (gasless.api_workers); not for people.
+    # Set by the parent of `--workers N` on each worker (gasless.cli.api_workers); not for people.
     worker: Annotated[int | None, typer.Option("--worker", hidden=True)] = None,
     reuse_port: Annotated[bool, typer.Option("--reuse-port", hidden=True)] = False,
     metrics_fd: Annotated[int | None, typer.Option("--metrics-fd", hidden=True)] = None,
@@ -358,7 +358,7 @@ def serve(
     ready_wait_s: Annotated[float, typer.Option("--ready-wait-s", hidden=True)] = 0.0,
 ) -> None:
     """Run the API alone against the configured gateways and database (GASLESS_* settings)."""
-    from gasless.api_workers import adopt_socket, watch_parent, worker_socket
+    from gasless.cli.api_workers import adopt_socket, watch_parent, worker_socket
     from gasless.embedded import (
         Listeners,
         PortUnavailable,
@@ -434,8 +434,8 @@ def serve(
 
 
 def _serve_workers(settings: Any, workers: int, host_id: str | None, config: Path | None) -> None:
-    """`gasless serve --workers N`: bind the ports, then run and supervise the workers (gasless.api_workers)."""
-    from gasless.api_workers import WorkerSupervisor, reserve_port, worker_command
+    """`gasless serve --workers N`: bind the ports, then run and supervise the workers (gasless.cli.api_workers)."""
+    from gasless.cli.api_workers import WorkerSupervisor, reserve_port, worker_command
     from gasless.embedded import PortUnavailable, listen
 
     try:

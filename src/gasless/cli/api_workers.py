@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-log = structlog.get_logger("gasless.api_workers")
+log = structlog.get_logger("gasless.cli.api_workers")
 
 # A worker refused its settings or its chain (the CLI's exit status for both): so would every other.
 EXIT_REFUSED = 2
@@ -70,7 +70,6 @@ class Worker:
     process: asyncio.subprocess.Process | None = None
     started_at: float = 0.0
     backoff_s: float = FIRST_BACKOFF_S
-    restarts: int = 0
 
 
 @dataclass
@@ -103,7 +102,6 @@ class WorkerSupervisor:
                 log.info("API worker restarting", worker=exited.index, in_s=exited.backoff_s)
                 await asyncio.sleep(exited.backoff_s)
                 exited.backoff_s = min(exited.backoff_s * 2, MAX_BACKOFF_S)
-                exited.restarts += 1
                 # The others serve meanwhile: the new one listens only once it is ready.
                 await self._start(exited, parent_read, ready_wait_s=self.ready_wait_s)
         finally:
@@ -171,10 +169,16 @@ def worker_command(host_id: str | None, port: int, config: str | None) -> list[s
     return command
 
 
-def _reusable(host: str) -> socket.socket:
+def _bound_reusable(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port with SO_REUSEPORT (not listening); OSError when the port is taken."""
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
@@ -182,12 +186,7 @@ def reserve_port(host: str, port: int) -> socket.socket:
     """The parent's hold on the API port: bound with SO_REUSEPORT, never listening. OSError when another
     program has the port (bound without SO_REUSEPORT), or listens on it (a stale gasless with SO_REUSEPORT
     of the same user could otherwise share it silently)."""
-    sock = _reusable(host)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
+    sock = _bound_reusable(host, port)
     try:
         probe = socket.create_connection(sock.getsockname()[:2], timeout=1)
     except OSError:
@@ -200,12 +199,7 @@ def reserve_port(host: str, port: int) -> socket.socket:
 def worker_socket(host: str, port: int) -> socket.socket:
     """A worker's API socket: bound with SO_REUSEPORT, not listening yet (the server listens once its
     start-up is done, and only then does the kernel hand it connections)."""
-    sock = _reusable(host)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
+    sock = _bound_reusable(host, port)
     sock.setblocking(False)
     return sock
 
