@@ -527,20 +527,56 @@ async def measured_phase(
     procs: list[subprocess.Popen[bytes]],
     phase: Coroutine[Any, Any, tuple[float, list[dict[str, Any]]]],
     storage: StorageCpu | None = None,
+    sample_to: str = "",
 ) -> tuple[float, list[dict[str, Any]], float, int | None, dict[str, float]]:
     """Runs one phase of posts; returns its (seconds, results) with the CPU seconds and the instructions
     (None without perf) the processes spent meanwhile, and the CPU seconds of the shared storage (PostgreSQL
-    backends, Redis) with `storage`."""
+    backends, Redis) with `storage`. With `sample_to`, py-spy samples the first API process over the phase
+    alone and writes its collapsed stacks there."""
     counter = InstructionCount(with_children(procs))
     storage_before = await storage.seconds() if storage else {}
+    sampler = PhaseSampler(procs[0].pid, sample_to) if sample_to else None
     counter.start()
     cpu_before = cpu_seconds(procs)
     elapsed, results = await phase
     cpu_used = cpu_seconds(procs) - cpu_before
     instructions = counter.stop()
+    if sampler:
+        sampler.stop()
     storage_after = await storage.seconds() if storage else {}
     storage_used = {name: storage_after[name] - storage_before[name] for name in storage_after}
     return elapsed, results, cpu_used, instructions, storage_used
+
+
+def sample_path(args: argparse.Namespace, phase: str, unbilled: bool) -> str:
+    """Where `--sample-api PHASE:FILE` wants this run's phase sampled (FILE.<storage>[-unbilled]), or ""."""
+    wanted, _, path = (args.sample_api or "").partition(":")
+    if wanted != phase or not path:
+        return ""
+    workers = f".{args.workers}-workers" if args.workers > 1 else ""
+    return (
+        f"{path}.{'postgresql' if args.database_url else 'sqlite'}{'-unbilled' if unbilled else ''}{workers}"
+    )
+
+
+class PhaseSampler:
+    """py-spy (on PATH, not a project dependency) recording one process's stacks until stopped: 250 Hz, every
+    thread, collapsed stacks (`-f raw`) to aggregate with any flame-graph tool. Only samples of the thread
+    holding the GIL (`--gil`): the Python work. On this workplace's VMs py-spy cannot tell an idle thread
+    (a worker waiting on its queue) from a running one, so without it every waiting thread counts as busy;
+    C work that releases the GIL (SQLite's statements, the signature checks) is left out."""
+
+    def __init__(self, pid: int, path: str) -> None:
+        spy = shutil.which("py-spy") or "py-spy"  # checked when the arguments were parsed
+        self.proc = subprocess.Popen(
+            [spy, "record", "-f", "raw", "-r", "250", "--threads", "--gil", "-p", str(pid), "-o", path],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
+        self.proc.wait(timeout=60)
 
 
 def add_costs(
@@ -796,7 +832,10 @@ async def run(
                 counted = await gateway_requests(session, gateway)
                 by_process = cpu_by_process(api_procs)
                 elapsed, results, cpu_used, instructions, storage_used = await measured_phase(
-                    api_procs, post_all(session, first, args.concurrency, None), storage_cpu
+                    api_procs,
+                    post_all(session, first, args.concurrency, None),
+                    storage_cpu,
+                    sample_to=sample_path(args, "max", unbilled),
                 )
                 if args.workers > 1:  # how evenly the kernel spread the connections over the workers
                     after = cpu_by_process(api_procs)
@@ -821,7 +860,10 @@ async def run(
             with console.status(f"paced at {rate:.0f}/s ({share:.0%} of max)"):
                 counted = await gateway_requests(session, gateway)
                 elapsed, results, cpu_used, instructions, storage_used = await measured_phase(
-                    api_procs, post_all(session, second, args.concurrency, rate), storage_cpu
+                    api_procs,
+                    post_all(session, second, args.concurrency, rate),
+                    storage_cpu,
+                    sample_to=sample_path(args, "paced", unbilled),
                 )
                 requests_paced = requests_per_relay(
                     counted, await gateway_requests(session, gateway), len(second)
@@ -1015,6 +1057,13 @@ def main() -> int:
     parser.add_argument("--profile-api", default="", help="write a cProfile of the API process to this file")
     parser.add_argument("--profile-localnet", default="", help="write a cProfile of the localnet process")
     parser.add_argument(
+        "--sample-api",
+        default="",
+        metavar="PHASE:FILE",
+        help="py-spy (on PATH) samples the API over one phase (max or paced) and writes collapsed stacks to "
+        "FILE.<storage>[-unbilled][.<N>-workers]",
+    )
+    parser.add_argument(
         "--rollups",
         action="store_true",
         help="also run with the latency rollups off (GASLESS_LATENCY_ROLLUP_ENABLED=false) and print the p50 "
@@ -1037,6 +1086,12 @@ def main() -> int:
         parser.error("--hosts 2 needs --database-url (PostgreSQL) and --redis-url: hosts share both")
     if not 0 < args.paced_share <= 1:
         parser.error("--paced-share is a share of the maximum: more than 0, at most 1")
+    if args.sample_api:
+        phase, _, path = args.sample_api.partition(":")
+        if phase not in ("max", "paced") or not path:
+            parser.error("--sample-api is PHASE:FILE with PHASE max or paced")
+        if shutil.which("py-spy") is None:
+            parser.error("--sample-api needs py-spy on PATH (pip install py-spy into any environment)")
     if args.storage_ratio and not (args.database_url and args.redis_url):
         parser.error("--storage-ratio needs --database-url (PostgreSQL) and --redis-url")
     if (args.workers > 1 or args.scaling) and not (args.database_url and args.redis_url and args.hosts == 1):

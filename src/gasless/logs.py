@@ -89,18 +89,33 @@ def sensitive_key(name: str) -> bool:
     return key in REDACTED_KEYS or any(part in key for part in _REDACTED_KEY_PARTS) or key.endswith("_token")
 
 
+# Strings found clean are remembered, up to this many: most of a line's strings (its event, the level, the
+# logger's name, a route, a method, the host id) recur on every line, and a look-up costs a fraction of the
+# search. Only strings short enough to be labels, and never one that needed masking.
+_CLEAN_CACHE_SIZE = 1024
+_CLEAN_CACHE_MAX_LEN = 64
+
+
 class Redactor:
     """A structlog processor masking secrets by member name and by value; `secrets` are masked verbatim."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         # Longest first, so a secret containing another is masked whole.
         self.secrets = sorted({s for s in secrets if s and len(s) >= 8}, key=len, reverse=True)
+        self._clean: set[str] = set()
 
     def text(self, value: str) -> str:
+        if value in self._clean:
+            return value
+        original = value
         for secret in self.secrets:
             if secret in value:
                 value = value.replace(secret, MASK)
         if _ANY_VALUE_PATTERN.search(value) is None:
+            if value is original and len(value) <= _CLEAN_CACHE_MAX_LEN:
+                if len(self._clean) >= _CLEAN_CACHE_SIZE:
+                    self._clean.clear()  # request ids and timestamps churn it; the labels come back at once
+                self._clean.add(value)
             return value  # no pattern matches: no substitution would change anything
         for pattern, replacement in _VALUE_PATTERNS:
             value = pattern.sub(replacement, value)
