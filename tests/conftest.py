@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import structlog
 
 POSTGRES_ENV = "GASLESS_TEST_POSTGRES_URL"
 REDIS_ENV = "GASLESS_TEST_REDIS_URL"
@@ -29,6 +32,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # wants the site passes `--status-port` with a free port.
     os.environ["GASLESS_STATUS_PORT"] = "0"
     os.environ["GASLESS_MAIL_PORT"] = "0"
+    # Apps served in process log from their own threads at any moment, also while pytest swaps, reads and
+    # truncates its capture of sys.stdout / sys.stderr between two phases of a test; a write racing that in
+    # CPython 3.11's TextIOWrapper crashed a whole run (SIGSEGV in `print` from structlog's default logger).
+    # Log lines go to the process's own stderr object instead, which pytest never touches: fd 2, still
+    # captured by pytest at the descriptor level.
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.__stderr__))
+    last_resort = logging.StreamHandler(sys.__stderr__)
+    last_resort.setLevel(logging.WARNING)
+    logging.lastResort = last_resort
 
 
 _DESELECTED = pytest.StashKey[int]()
