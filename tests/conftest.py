@@ -33,10 +33,10 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["GASLESS_STATUS_PORT"] = "0"
     os.environ["GASLESS_MAIL_PORT"] = "0"
     # Apps served in process log from their own threads at any moment, also while pytest swaps, reads and
-    # truncates its capture of sys.stdout / sys.stderr between two phases of a test; a write racing that in
-    # CPython 3.11's TextIOWrapper crashed a whole run (SIGSEGV in `print` from structlog's default logger).
-    # Log lines go to the process's own stderr object instead, which pytest never touches: fd 2, still
-    # captured by pytest at the descriptor level.
+    # truncates its capture of sys.stdout / sys.stderr between two phases of a test. One CI run died with a
+    # segmentation fault in such a thread, inside `print` from structlog's default logger (the race is the
+    # suspect; it did not reproduce in isolation). Log lines go to the process's own stderr object instead,
+    # which pytest never touches: fd 2, still captured by pytest at the descriptor level.
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=sys.__stderr__))
     last_resort = logging.StreamHandler(sys.__stderr__)
     last_resort.setLevel(logging.WARNING)
