@@ -27,7 +27,6 @@ from typing import Any
 import pytest
 import requests
 from process_kit import reap  # type: ignore[import-not-found]
-from relay_kit import MASTER_SECRET  # type: ignore[import-not-found]
 from test_two_hosts import (  # type: ignore[import-not-found]
     ROLES,
     Cluster,
@@ -39,7 +38,7 @@ from test_two_hosts import (  # type: ignore[import-not-found]
     port_pair,
     serve_env,
     signed,
-    start_localnet,
+    start_cluster,
     wait_state,
     wait_until,
 )
@@ -115,16 +114,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkersHost]:
     localnet: subprocess.Popen[bytes] | None = None
     parent: subprocess.Popen[bytes] | None = None
     try:
-        localnet, gateway, info, owner = start_localnet(tmp)
-        cluster = Cluster(
-            gateway,
-            info,
-            owner,
-            secrets=[MASTER_SECRET],
-            database_url=database_url,
-            redis_url=redis_url,
-            tmp=tmp,
-        )
+        localnet, cluster = start_cluster(tmp, database_url, redis_url)
         port, metrics_port = free_port(), port_pair()
         log_path = tmp / "workers.log"
         env = {

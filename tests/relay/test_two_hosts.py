@@ -174,9 +174,10 @@ def serve_env(
     return env
 
 
-def start_localnet(tmp: Path) -> tuple[subprocess.Popen[bytes], str, dict[str, Any], Any]:
-    """A `gasless localnet` process (100 ms rounds) with its billing contract unpaused: (process, gateway
-    URL, its info, the owner's key). The process is stopped here if it never answers."""
+def start_cluster(tmp: Path, database_url: str, redis_url: str) -> tuple[subprocess.Popen[bytes], Cluster]:
+    """A `gasless localnet` process (100 ms rounds) with its billing contract unpaused, and the cluster
+    (no host yet) that serves it from `database_url` and `redis_url`. The process is stopped here if it
+    never answers."""
     gateway_port = free_port()
     localnet = subprocess.Popen(
         [
@@ -196,7 +197,16 @@ def start_localnet(tmp: Path) -> tuple[subprocess.Popen[bytes], str, dict[str, A
     except BaseException:
         _stop(localnet)
         raise
-    return localnet, gateway, info, owner
+    cluster = Cluster(
+        gateway,
+        info,
+        owner,
+        secrets=[MASTER_SECRET],
+        database_url=database_url,
+        redis_url=redis_url,
+        tmp=tmp,
+    )
+    return localnet, cluster
 
 
 def _spawn_host(
@@ -263,17 +273,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     database_url = f"{server_url.rsplit('/', 1)[0]}/{name}"
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        localnet, gateway, info, owner = start_localnet(tmp)
+        localnet, cluster = start_cluster(tmp, database_url, redis_url)
         procs.append(localnet)
-        cluster = Cluster(
-            gateway,
-            info,
-            owner,
-            secrets=[MASTER_SECRET],
-            database_url=database_url,
-            redis_url=redis_url,
-            tmp=tmp,
-        )
         # b first: it takes the singleton roles, which the last test moves by killing it.
         for host_id in ("b", "a"):
             host = _spawn_host(cluster, tmp, host_id, database_url, redis_url)
