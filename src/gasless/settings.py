@@ -10,9 +10,11 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
@@ -32,6 +34,11 @@ MAX_WORKERS = 16
 
 LOCALNET_CHAIN_ID = "localnet"
 LOCALNET_PAYMENT_TOKEN = "USDC-c0ffee"
+# Shards of every profile's network, metachain aside (mainnet, devnet and localnet all have 3).
+NUM_SHARDS = 3
+# Set while `Settings.load(defer_production_check=True)` builds settings: a production profile without a
+# master secret loads, and the caller lists it with everything else `missing_for_production` finds.
+_DEFER_PRODUCTION_CHECK: ContextVar[bool] = ContextVar("gasless_defer_production_check", default=False)
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class NetworkProfile:
     pair_address: str | None = None
     wrapper_address: str | None = None
     default_gateway_urls: tuple[str, ...] = ()
+    num_shards: int = NUM_SHARDS
 
 
 PROFILES: dict[str, NetworkProfile] = {
@@ -243,15 +251,25 @@ class Settings(BaseSettings):
         return tuple(sources)
 
     @classmethod
-    def load(cls, config_file: Path | None = None, **overrides: Any) -> Settings:
-        """Settings from the environment, an optional TOML file, and explicit overrides (which win)."""
-        if config_file is None:
-            return cls(**overrides)
-        if not config_file.is_file():
-            raise ValueError(f"config file not found: {config_file}")
-        file_source = TomlConfigSettingsSource(cls, toml_file=config_file)
-        merged = {**file_source(), **overrides}
-        return cls(**merged)
+    def load(
+        cls, config_file: Path | None = None, *, defer_production_check: bool = False, **overrides: Any
+    ) -> Settings:
+        """Settings from the environment, an optional TOML file, and explicit overrides (which win).
+
+        `defer_production_check`: a mainnet or devnet profile without a master secret loads instead of
+        being refused alone; the caller must then refuse what `missing_for_production()` lists (it names
+        the master secret with every other missing setting, in one message)."""
+        token = _DEFER_PRODUCTION_CHECK.set(defer_production_check)
+        try:
+            if config_file is None:
+                return cls(**overrides)
+            if not config_file.is_file():
+                raise ValueError(f"config file not found: {config_file}")
+            file_source = TomlConfigSettingsSource(cls, toml_file=config_file)
+            merged = {**file_source(), **overrides}
+            return cls(**merged)
+        finally:
+            _DEFER_PRODUCTION_CHECK.reset(token)
 
     @field_validator(
         "relayer_key_files",
@@ -301,7 +319,7 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_production_needs(self) -> Settings:
-        if self.profile != "localnet" and self.master_secret is None:
+        if self.profile != "localnet" and self.master_secret is None and not _DEFER_PRODUCTION_CHECK.get():
             raise ValueError(f"profile {self.profile} needs GASLESS_MASTER_SECRET")
         if self.master_secret is not None and len(self.master_secret.get_secret_value()) < 32:
             raise ValueError("master secret must be at least 32 characters")
@@ -322,7 +340,90 @@ class Settings(BaseSettings):
             pair_address=self.pair_address or base.pair_address,
             wrapper_address=self.wrapper_address or base.wrapper_address,
             default_gateway_urls=base.default_gateway_urls,
+            num_shards=base.num_shards,
         )
+
+    def missing_for_production(self) -> list[tuple[str, str]]:
+        """What a mainnet or devnet host still lacks once the profile's defaults apply: (environment
+        variable, what it is and what is wrong), in a fixed order; empty when nothing is (and always on
+        localnet, which derives its deployment from its genesis). `gasless serve` refuses to start with all
+        of them in one message, rather than serving with billing, x402, the mirror or settlement off.
+
+        A value the profile supplies counts as set, but for placeholder URLs (hosts under the reserved
+        `.example` domain, as the profiles' own): a deployment names its own API and app."""
+        if self.profile == "localnet":
+            return []
+        from gasless.chain.addresses import is_address
+
+        network = self.network
+        missing: list[tuple[str, str]] = []
+        if self.master_secret is None:
+            missing.append(
+                (
+                    "GASLESS_MASTER_SECRET",
+                    f"the master secret of the {network.key_env} keys, at least 32 characters, the same on "
+                    "every host",
+                )
+            )
+        for env, value, what in (
+            (
+                "GASLESS_CONTRACT_ADDRESS",
+                network.contract_address,
+                "the billing contract's erd1 address, which billing, x402, purchases, the mirror and "
+                "settlement need",
+            ),
+            ("GASLESS_PAIR_ADDRESS", network.pair_address, "the USDC/WEGLD exchange pair's erd1 address"),
+            ("GASLESS_WRAPPER_ADDRESS", network.wrapper_address, "the WEGLD wrapper's erd1 address"),
+        ):
+            if not value:
+                missing.append((env, what))
+            elif not is_address(value):
+                missing.append((env, f"{what}: {value!r} is not an erd1 address"))
+        for env, url, what in (
+            ("GASLESS_API_BASE_URL", network.api_base_url, "this API's public base URL"),
+            ("GASLESS_APP_ORIGIN", network.app_origin, "the web app's origin"),
+        ):
+            if _placeholder_url(url):
+                missing.append((env, f"{what}, not the placeholder {url}"))
+        relayers = self._relayer_problems(network.num_shards)
+        if relayers:
+            missing.append(
+                (
+                    "GASLESS_RELAYER_KEY_FILES",
+                    "the relayer wallet PEM files, comma-separated, at least one per shard 0 to "
+                    f"{network.num_shards - 1}: {relayers}",
+                )
+            )
+        owner = "the billing contract owner's wallet PEM file, which submits the settlement batches"
+        if self.owner_key_file is None:
+            missing.append(("GASLESS_OWNER_KEY_FILE", owner))
+        else:
+            _, problem = _wallet_pubkey(self.owner_key_file)
+            if problem is not None:
+                missing.append(("GASLESS_OWNER_KEY_FILE", f"{owner}: {problem}"))
+        return missing
+
+    def _relayer_problems(self, num_shards: int) -> str:
+        """What is wrong with the relayer key files ('' when nothing): the shards without a relayer and the
+        files that are not wallet PEMs. A file's shard is its address's (the first key of the file, as the
+        signer reads it)."""
+        from gasless.chain.addresses import shard_of_pubkey
+
+        covered: set[int] = set()
+        unusable: list[str] = []
+        for path in self.relayer_key_files:
+            pubkey, problem = _wallet_pubkey(path)
+            if pubkey is None:
+                unusable.append(str(problem))
+                continue
+            covered.add(shard_of_pubkey(pubkey, num_shards))
+        problems = []
+        without = [shard for shard in range(num_shards) if shard not in covered]
+        if without:
+            names = ", ".join(str(shard) for shard in without)
+            problems.append(f"no relayer for shard{'s' if len(without) > 1 else ''} {names}")
+        problems.extend(unusable)
+        return "; ".join(problems)
 
     @property
     def instance_id(self) -> str:
@@ -350,3 +451,29 @@ class Settings(BaseSettings):
     @property
     def effective_native_auth_origins(self) -> list[str]:
         return list(self.native_auth_origins) or [self.network.app_origin]
+
+
+def _placeholder_url(url: str) -> bool:
+    """A URL whose host is under `.example` (reserved for examples, RFC 2606): a profile's stand-in."""
+    host = (urlsplit(url).hostname or "").rstrip(".").lower()
+    return host == "example" or host.endswith(".example")
+
+
+def _wallet_pubkey(path: Path) -> tuple[bytes, None] | tuple[None, str]:
+    """The public key of the wallet PEM at `path` (its first key, as the signer reads it), or what is
+    wrong with the file."""
+    from multiversx_sdk import UserPEM
+
+    try:
+        key = UserPEM.from_file(Path(path)).secret_key
+        return bytes(key.generate_public_key().buffer), None
+    except FileNotFoundError:
+        return None, f"{path}: no such file"
+    except IsADirectoryError:
+        return None, f"{path}: is a directory, not a PEM file"
+    except PermissionError:
+        return None, f"{path}: not readable (permission denied)"
+    except OSError as exc:
+        return None, f"{path}: cannot be read ({exc.strerror or exc})"
+    except Exception:  # noqa: BLE001 - the SDK raises ValueError, IndexError, binascii.Error, ...
+        return None, f"{path}: not a MultiversX wallet PEM"

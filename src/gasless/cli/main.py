@@ -7,6 +7,7 @@ import gc
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
@@ -17,7 +18,7 @@ from rich.table import Table
 from gasless.cli.admin import register as register_admin
 from gasless.cli.agents import register as register_agents
 from gasless.cli.auth import auth_app
-from gasless.cli.common import EXIT_FAILED, invalid_settings, one_line
+from gasless.cli.common import EXIT_FAILED, EXIT_USAGE, fail, invalid_settings, one_line
 from gasless.cli.output import CliConsole
 from gasless.cli.purchases import register as register_purchases
 from gasless.cli.relay import relay_app
@@ -335,8 +336,36 @@ def localnet(
         _cannot_start(exc, 2)
 
 
+class Network(StrEnum):
+    """`gasless serve --network`: the settings profile (GASLESS_PROFILE)."""
+
+    mainnet = "mainnet"
+    devnet = "devnet"
+    localnet = "localnet"
+
+
+def _missing_settings(profile: str, missing: list[tuple[str, str]]) -> NoReturn:
+    """Every setting a mainnet or devnet host lacks (Settings.missing_for_production), in one line; 2."""
+    listed = "; ".join(f"{env} ({what})" for env, what in missing)
+    fail(
+        f"the {profile} profile needs {len(missing)} setting{'s' if len(missing) > 1 else ''} not set or "
+        f"not usable: {listed}. Set each in the environment, or in the --config TOML file by its field "
+        "name (the variable's name without GASLESS_, in lower case)",
+        EXIT_USAGE,
+        label="cannot start",
+    )
+
+
 @app.command()
 def serve(
+    network: Annotated[
+        Network | None,
+        typer.Option(
+            "--network",
+            help="The network profile (as GASLESS_PROFILE, which it overrides). Off localnet the host "
+            "refuses to start until every setting the network needs is set (docs/deploy.md).",
+        ),
+    ] = None,
     host_id: Annotated[str | None, typer.Option("--host-id", help="a or b.")] = None,
     port: Annotated[int | None, typer.Option("--port", help="API port.")] = None,
     config: Annotated[Path | None, typer.Option("--config", help="TOML settings file.")] = None,
@@ -371,6 +400,8 @@ def serve(
     from gasless.settings import MAX_WORKERS, Settings
 
     overrides: dict[str, object] = {}
+    if network is not None:
+        overrides["profile"] = network.value
     if host_id is not None:
         overrides["host_id"] = host_id
     if port is not None:
@@ -380,7 +411,11 @@ def serve(
     if metrics_port is not None:
         overrides["metrics_port"] = metrics_port
     try:
-        settings = Settings.load(config_file=config, **overrides)
+        # Off localnet, a missing master secret is listed with everything else missing (below).
+        settings = Settings.load(config_file=config, defer_production_check=True, **overrides)
+        missing = settings.missing_for_production()
+        if missing:
+            _missing_settings(settings.profile, missing)
         if settings.master_secret is None:
             if not settings.effective_database_url.startswith("sqlite"):
                 raise ValueError(
@@ -405,7 +440,7 @@ def serve(
         json_lines=True, level=settings.log_level, secrets=[settings.master_secret.get_secret_value()]
     )
     if workers > 1:
-        _serve_workers(settings, workers, host_id, config)
+        _serve_workers(settings, workers, host_id, config, network)
         return
     if reuse_port:  # a worker of `--workers N`: its own socket on the port; the parent bound metrics
         metrics = adopt_socket(metrics_fd) if metrics_fd is not None else None
@@ -433,7 +468,9 @@ def serve(
         _cannot_start(exc, 1)
 
 
-def _serve_workers(settings: Any, workers: int, host_id: str | None, config: Path | None) -> None:
+def _serve_workers(
+    settings: Any, workers: int, host_id: str | None, config: Path | None, network: Network | None = None
+) -> None:
     """`gasless serve --workers N`: bind the ports, then run and supervise the workers (gasless.cli.api_workers)."""
     from gasless.cli.api_workers import WorkerSupervisor, reserve_port, worker_command
     from gasless.embedded import PortUnavailable, listen
@@ -462,9 +499,10 @@ def _serve_workers(settings: Any, workers: int, host_id: str | None, config: Pat
                 console.print(f"[yellow]warning:[/yellow] {escape(str(exc))}")
         metrics.append(sock)
     port = api.getsockname()[1]
-    supervisor = WorkerSupervisor(
-        worker_command(host_id, port, None if config is None else str(config)), metrics
-    )
+    command = worker_command(host_id, port, None if config is None else str(config))
+    if network is not None:  # each worker loads the same profile
+        command += ["--network", network.value]
+    supervisor = WorkerSupervisor(command, metrics)
     status = 0
 
     async def main() -> None:
