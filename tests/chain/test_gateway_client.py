@@ -98,11 +98,15 @@ async def test_pool_simulate_cost_and_transaction(localnet, session) -> None:  #
     for _ in range(100):
         done = await client.transaction(ack.tx_hash)
         assert done["hash"] == ack.tx_hash  # the gateway keeps answering for the hash while it executes
-        if done["status"] == "success":
+        if done["notarizedAtDestinationInMetaNonce"]:
             break
         await asyncio.sleep(0.05)
     assert done["status"] == "success" and done["relayerAddress"] == wire["relayer"]
-    assert done["hyperblockNonce"] > 0
+    # Without `sender`, the proxy copies the destination's notarization into hyperblockNonce; with it, not.
+    assert done["hyperblockNonce"] == done["notarizedAtDestinationInMetaNonce"] > 0
+    by_sender = await client.transaction(ack.tx_hash, sender=sender)
+    assert by_sender is not None and "hyperblockNonce" not in by_sender
+    assert by_sender["notarizedAtDestinationInMetaNonce"] == done["hyperblockNonce"]
 
 
 async def test_unknown_hash_is_none(localnet, session) -> None:  # type: ignore[no-untyped-def]
@@ -320,9 +324,9 @@ async def test_a_refused_transaction_in_a_batch_gets_the_node_error(localnet, co
     client = await slow_sends(session, localnet.url, paths)
     good = [relayed_wire(localnet, nonce=n) for n in range(3)]
     bad = {**relayed_wire(localnet, nonce=3), "signature": "00" * 64}
-    sent = [client.broadcast(good[0])]
+    sent = [client.broadcast(good[0], expected_hash(good[0]))]
     await until_requested(paths, 1)
-    sent += [client.broadcast(w) for w in [*good[1:], bad]]
+    sent += [client.broadcast(w, expected_hash(w)) for w in [*good[1:], bad]]
     acks = [await s.first_ack for s in sent]
     assert [a.tx_hash for a in acks[:3]] == [expected_hash(w) for w in good]
     # The gateway skips it silently in the batch; sent alone, the node says why.

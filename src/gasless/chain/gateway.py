@@ -1,9 +1,11 @@
 """A client for the MultiversX gateway (proxy) REST API over several gateways.
 
 Reads fail over: one gateway being down, slow or answering 5xx must not stall the service, so a read starts at
-the gateway that answered last and moves on to the others. A node's answer (a 4xx, or a 5xx whose envelope
-carries a node message such as `transaction not found`) is final and is never retried elsewhere: another
-gateway onto the same network would say the same.
+the gateway that answered last and moves on to the others; a gateway that just failed is tried after the
+healthy ones for a while (`COOL_DOWN_MS`). A node's answer (a 4xx, or a 5xx whose envelope carries a node
+message such as `transaction not found`) is final and is never retried elsewhere: another gateway onto the
+same network would say the same. A 429 is back-pressure, not an outage: when every gateway was throttled
+or failed, a read waits as the gateway's `Retry-After` asks (within `THROTTLE_WAIT_MS`) and tries again.
 
 Sends are different: a transaction is broadcast to every gateway at once (the hash is the same everywhere,
 so duplicates are harmless), and the caller gets the first acknowledgement as soon as any gateway gives it.
@@ -47,6 +49,10 @@ _NODE_MESSAGE_MARKERS = (
 _INFRA_MARKERS = ("observer", "sending request error", "gateway", "timeout", "unavailable")
 # 4xx statuses that speak about the gateway (rate limits, its own timeouts), not about the request.
 _RETRYABLE_4XX = frozenset({408, 425, 429})
+COOL_DOWN_MS = 5_000  # a gateway that failed a read is tried after the healthy ones for this long
+THROTTLE_WAIT_MS = 1_500  # the longest a read waits, in total, for throttled gateways (429) to take it
+DEFAULT_RETRY_AFTER_MS = 250  # a 429 without a usable Retry-After
+MIN_THROTTLE_WAIT_MS = 50  # even `Retry-After: 0` waits this long, so the budget bounds the tries
 
 
 class GatewayUnavailable(Exception):
@@ -89,6 +95,7 @@ class _PendingSend:
     wire: Mapping[str, Any]
     result: asyncio.Future[SendResult]
     queued_at: float  # perf_counter() when the caller asked: elapsed_ms counts the wait too
+    expected_hash: str | None = None  # the hash the caller computed, to match send-multiple's answer
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,17 @@ class _Answer:
     data: Any = None
     message: str = ""
     status: int | None = None
+    retry_after_ms: int | None = None  # a 429's Retry-After
+
+
+def _retry_after_ms(value: str | None) -> int:
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        seconds = None
+    if seconds is None or seconds < 0:
+        return DEFAULT_RETRY_AFTER_MS
+    return int(seconds * 1000)
 
 
 def _resolve(pending: _PendingSend, result: SendResult) -> None:
@@ -156,6 +174,7 @@ class GatewayClient:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
         self._preferred = 0  # index of the gateway that answered last: reads start there
+        self._cooling: dict[str, float] = {}  # gateway -> monotonic time until which it is tried last
         self._queues: dict[str, list[_PendingSend]] = {}  # sends waiting for their gateway, by URL
         self._runners: dict[str, set[asyncio.Task[None]]] = {}  # requests under way, by URL
         self._closed = False
@@ -180,6 +199,13 @@ class GatewayClient:
             ) as response:
                 raw = await response.read()
                 answer = _classify(response.status, raw)
+                if response.status == 429 and answer.kind == "retry":
+                    answer = _Answer(
+                        "retry",
+                        message=answer.message,
+                        status=429,
+                        retry_after_ms=_retry_after_ms(response.headers.get("Retry-After")),
+                    )
         except TimeoutError:
             self._failed(url, "timeout")
             return _Answer("retry", message=f"timed out after {self.timeout_ms} ms")
@@ -198,27 +224,75 @@ class GatewayClient:
         if self.on_failure is not None:
             self.on_failure(url, kind)
 
-    async def _call(self, method: str, path: str, params: Mapping[str, str] | None, body: Any) -> Any:
+    def _order(self) -> list[int]:
+        """Gateways in the order a read tries them: from the one that answered last, cooling ones last."""
+        count = len(self.urls)
+        order = [(self._preferred + step) % count for step in range(count)]
+        if self._cooling:
+            now = time.monotonic()
+            for url, until in list(self._cooling.items()):
+                if until <= now:
+                    del self._cooling[url]
+            order.sort(key=lambda index: self.urls[index] in self._cooling)  # stable: healthy ones first
+        return order
+
+    def cooling(self) -> tuple[str, ...]:
+        """Gateways that failed a read within `COOL_DOWN_MS` (health, for /readyz and metrics)."""
+        now = time.monotonic()
+        return tuple(url for url, until in self._cooling.items() if until > now)
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        body: Any,
+        usable: Callable[[Any], bool] | None = None,
+    ) -> Any:
         if not path.startswith("/"):
             path = "/" + path
         failures: list[str] = []
-        count = len(self.urls)
-        for step in range(count):
-            index = (self._preferred + step) % count
-            url = self.urls[index]
-            answer = await self._request(method, url, path, params, body)
-            if answer.kind == "retry":
-                failures.append(f"{url}: {answer.message}")
-                continue
-            self._preferred = index  # it answered (even a rejection is an answer): start there next time
-            if answer.kind == "rejected":
-                raise GatewayRejected(answer.message, answer.status, url)
-            return answer.data
+        waited_ms = 0
+        order = self._order()
+        while True:
+            throttled: list[tuple[int, int]] = []  # (index, Retry-After ms) of the gateways that said 429
+            for index in order:
+                url = self.urls[index]
+                answer = await self._request(method, url, path, params, body)
+                if answer.kind == "ok" and usable is not None and not usable(answer.data):
+                    # A 200 that says the gateway could not ask its observers (`{"txPool": null}`).
+                    answer = _Answer("retry", message="an answer without the data asked for", status=200)
+                    self._failed(url, "bad_answer")
+                if answer.kind == "retry":
+                    failures.append(f"{url}: {answer.message}")
+                    if answer.retry_after_ms is not None:
+                        throttled.append((index, answer.retry_after_ms))
+                    else:
+                        self._cooling[url] = time.monotonic() + COOL_DOWN_MS / 1000
+                    continue
+                self._preferred = index  # it answered (even a rejection is an answer): start there next time
+                self._cooling.pop(url, None)
+                if answer.kind == "rejected":
+                    raise GatewayRejected(answer.message, answer.status, url)
+                return answer.data
+            # Throttled gateways are busy, not down: wait as they ask, within the budget, and ask them again.
+            wait_ms = min((max(MIN_THROTTLE_WAIT_MS, ms) for _, ms in throttled), default=None)
+            if wait_ms is None or waited_ms + wait_ms > THROTTLE_WAIT_MS:
+                break
+            await asyncio.sleep(wait_ms / 1000)
+            waited_ms += wait_ms
+            order = [index for index, _ in throttled]
         raise GatewayUnavailable(f"{method} {path}: no gateway answered ({'; '.join(failures)})")
 
-    async def get(self, path: str, params: Mapping[str, str] | None = None) -> Any:
-        """The envelope's `data` of a GET, failing over across gateways."""
-        return await self._call("GET", path, params, None)
+    async def get(
+        self,
+        path: str,
+        params: Mapping[str, str] | None = None,
+        *,
+        usable: Callable[[Any], bool] | None = None,
+    ) -> Any:
+        """The envelope's `data` of a GET, failing over across gateways (and past answers `usable` refuses)."""
+        return await self._call("GET", path, params, None, usable)
 
     async def post(self, path: str, body: Any, *, params: Mapping[str, str] | None = None) -> Any:
         """The envelope's `data` of a POST that changes nothing (simulate, cost, VM query), with failover."""
@@ -239,9 +313,13 @@ class GatewayClient:
             return SendResult(url, None, "acknowledgement without txHash", answer.status, elapsed)
         return SendResult(url, None, answer.message, answer.status, elapsed)
 
-    def _submit(self, url: str, wire: Mapping[str, Any]) -> asyncio.Future[SendResult]:
+    def _submit(
+        self, url: str, wire: Mapping[str, Any], expected_hash: str | None = None
+    ) -> asyncio.Future[SendResult]:
         """Queue one send to one gateway; its future always gets a SendResult (failures included)."""
-        pending = _PendingSend(wire, asyncio.get_running_loop().create_future(), time.perf_counter())
+        pending = _PendingSend(
+            wire, asyncio.get_running_loop().create_future(), time.perf_counter(), expected_hash
+        )
         if self._closed:
             _fail_all([pending], url, "gateway client closed")
             return pending.result
@@ -278,10 +356,20 @@ class GatewayClient:
         hashes = (
             answer.data.get("txsHashes") if answer.kind == "ok" and isinstance(answer.data, dict) else None
         )
+        hashes = hashes if isinstance(hashes, dict) else {}
+        # `txsHashes` is keyed by position among the transactions that passed the proxy's own field checks,
+        # not by position in the request (mx-chain-proxy-go process/transactionProcessor.go
+        # SendMultipleTransactions): a refused one shifts the keys after it. A send is acknowledged by its
+        # own hash where the caller gave it; by position only when nothing was left out.
+        sent = {value for value in hashes.values() if isinstance(value, str) and value}
+        by_position = len(hashes) == len(batch)
         left: list[_PendingSend] = []
         now = time.perf_counter()
         for index, p in enumerate(batch):
-            tx_hash = hashes.get(str(index)) if isinstance(hashes, dict) else None
+            if p.expected_hash is not None:
+                tx_hash = p.expected_hash if p.expected_hash in sent else None
+            else:
+                tx_hash = hashes.get(str(index)) if by_position else None
             if isinstance(tx_hash, str) and tx_hash:
                 _resolve(p, SendResult(url, tx_hash, None, answer.status, (now - p.queued_at) * 1000))
             else:
@@ -305,8 +393,9 @@ class GatewayClient:
             _fail_all(queue, url, "gateway client closed")
             queue.clear()
 
-    def broadcast(self, wire: Mapping[str, Any]) -> Broadcast:
-        """POST /transaction/send to every gateway concurrently; never raises (must run inside a loop)."""
+    def broadcast(self, wire: Mapping[str, Any], tx_hash: str | None = None) -> Broadcast:
+        """POST /transaction/send to every gateway concurrently; never raises (must run inside a loop).
+        `tx_hash`, the transaction's own hash, matches it in a send-multiple answer."""
         loop = asyncio.get_running_loop()
         first_ack: asyncio.Future[SendResult] = loop.create_future()
         failures: list[SendResult] = []
@@ -314,7 +403,7 @@ class GatewayClient:
         async def one(url: str) -> SendResult:
             started = time.perf_counter()
             try:
-                result = await self._submit(url, wire)
+                result = await self._submit(url, wire, tx_hash)
             except Exception as exc:  # noqa: BLE001 - a broadcast reports failures, it never raises them
                 elapsed = (time.perf_counter() - started) * 1000
                 result = SendResult(url, None, f"{type(exc).__name__}: {exc}", None, elapsed)
@@ -371,9 +460,14 @@ class GatewayClient:
     async def pool_for_sender(
         self, bech32: str, fields: str = "hash,nonce,gasprice,relayer"
     ) -> list[dict[str, Any]]:
-        data = await self.get("/transaction/pool", {"by-sender": bech32, "fields": fields})
-        pool = (data or {}).get("txPool") or {}
-        return [entry.get("txFields") or {} for entry in pool.get("transactions") or []]
+        """The sender's pending transactions. `{"txPool": null}` (200) means the proxy's observers of that
+        shard all failed: not an empty pool, so another gateway is asked, else GatewayUnavailable."""
+        data = await self.get(
+            "/transaction/pool",
+            {"by-sender": bech32, "fields": fields},
+            usable=lambda d: isinstance(d, dict) and isinstance(d.get("txPool"), dict),
+        )
+        return [entry.get("txFields") or {} for entry in data["txPool"].get("transactions") or []]
 
     async def transaction(self, tx_hash: str, *, sender: str | None = None) -> dict[str, Any] | None:
         """The transaction with its results, or None when the node does not know the hash."""
@@ -388,9 +482,18 @@ class GatewayClient:
             raise
         return data["transaction"]
 
+    async def process_status(self, tx_hash: str) -> tuple[str, str | None]:
+        """(status, reason) of `/transaction/{h}/process-status`: `success`, `fail`, `pending` or `unknown`
+        (the proxy could not tell); None reason when it gives none. GatewayRejected when it is not known."""
+        data = await self.get(f"/transaction/{tx_hash}/process-status")
+        status = data.get("status") if isinstance(data, dict) else None
+        reason = data.get("reason") if isinstance(data, dict) else None
+        return (str(status) if status else "unknown"), (str(reason) if reason else None)
+
     async def simulate(self, wire: Mapping[str, Any], *, check_signature: bool = False) -> dict[str, Any]:
         params = None if check_signature else {"checkSignature": "false"}
-        return (await self.post("/transaction/simulate", dict(wire), params=params))["result"]
+        data = await self.post("/transaction/simulate", dict(wire), params=params)
+        return data.get("result") if isinstance(data, dict) else None  # type: ignore[no-any-return]
 
     async def cost(self, wire: Mapping[str, Any]) -> dict[str, Any]:
         return await self.post("/transaction/cost", dict(wire))

@@ -1,7 +1,8 @@
 """localnet's admin API under `/localnet/...` and the per-gateway fault injection middleware.
 
 Chain-wide switches (stalled shards, clock offset, pause flags, balances) act on the shared network; the
-gateway faults (down, added latency, jitter, 5xx rate, dropped send acknowledgements) act on the one gateway that
+gateway faults (down, added latency, jitter, 5xx rate, dropped send acknowledgements, a pool answered
+`null`, lookups by sender answered 404) act on the one gateway that
 received the admin call, so a test can break one of several gateways.
 """
 
@@ -34,6 +35,15 @@ class GatewayFaults:
     error_status: int = 500
     drop_acks: int = 0  # the next N send acknowledgements are withheld (-1: all); the tx IS accepted
     ack_hang_ms: int = 30_000
+    # The sender shard's observers all failed: the proxy answers the pool by sender `{"txPool": null}`, 200
+    # (mx-chain-proxy-go process/transactionProcessor.go getTxPoolForSender).
+    pool_null: bool = False
+    # The sender shard's full-history observers failed: a lookup with `sender` answers 404 "transaction not
+    # found" whatever the transaction (GetTransactionByHashAndSenderAddress maps every error to 404).
+    history_not_found: bool = False
+    # The next N requests (admin calls aside) are answered 429 with `Retry-After: 0` (a rate limiter's
+    # back-pressure, as the public gateway gives).
+    throttle_next: int = 0
     seed: int = 0
 
     def latency_for(self, path: str) -> int:
@@ -63,6 +73,11 @@ async def fault_middleware(request: web.Request, handler: Handler) -> web.Stream
     faults = request.app[FAULTS_KEY]
     if faults.down:
         return fail("gateway unavailable", status=503)
+    if faults.throttle_next > 0:
+        faults.throttle_next -= 1
+        response = fail("too many requests", status=429)
+        response.headers["Retry-After"] = "0"
+        return response
     delay = faults.latency_for(request.path)
     if faults.jitter_ms:
         delay += request.app[RNG_KEY].randint(0, faults.jitter_ms)
@@ -70,6 +85,15 @@ async def fault_middleware(request: web.Request, handler: Handler) -> web.Stream
         await asyncio.sleep(delay / 1000)
     if faults.error_rate and request.app[RNG_KEY].random() < faults.error_rate:
         return fail("injected failure", status=faults.error_status)
+    if faults.pool_null and request.path == "/transaction/pool" and request.query.get("by-sender"):
+        return ok({"txPool": None})
+    if (
+        faults.history_not_found
+        and request.query.get("sender")
+        and request.path.startswith("/transaction/")
+        and request.path.count("/") == 2
+    ):
+        return fail("transaction not found", status=404)
     response = await handler(request)
     if request.path in SEND_PATHS and faults.drop_acks and response.status == 200:
         if faults.drop_acks > 0:
@@ -217,6 +241,12 @@ async def set_faults(request: web.Request) -> web.Response:
             faults.drop_acks = int(gateway["dropAcks"])
         if "ackHangMs" in gateway:
             faults.ack_hang_ms = int(gateway["ackHangMs"])
+        if "poolNull" in gateway:
+            faults.pool_null = bool(gateway["poolNull"])
+        if "historyNotFound" in gateway:
+            faults.history_not_found = bool(gateway["historyNotFound"])
+        if "throttleNext" in gateway:
+            faults.throttle_next = max(0, int(gateway["throttleNext"]))
         if "seed" in gateway:
             faults.seed = int(gateway["seed"])
             request.app[RNG_KEY].seed(faults.seed)

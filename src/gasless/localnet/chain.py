@@ -1,11 +1,19 @@
 """The simulated network: mempool, rounds, shard blocks, hyperblocks, cross-shard execution and finality.
 
 Round r starts at `genesis_ms + r * round_ms`. In each round every shard that is not stalled produces one
-block: first the destination half of cross-shard transactions whose source half ran in an earlier round,
-then the pool's executable transactions (account nonce first, the highest gas price winning a nonce).
-The metachain's hyperblock of round r notarizes those blocks. A block is final once the next block of its
-chain exists (single-block finality, as after Andromeda): a transaction is final when its
-`hyperblockNonce <= erd_highest_final_nonce` of the metachain.
+block: first the destination half of cross-shard transactions whose source block the metachain has
+notarized, then the pool's executable transactions (account nonce first, the highest gas price winning a
+nonce). The metachain's hyperblock of round r notarizes the shard blocks of the rounds before it (as on the
+real network, a shard block is notarized at least one round after it is proposed; a cross-shard transaction
+is notarized at its destination at least three rounds after its source block). A block is final once the
+next block of its chain exists (single-block finality, as after Andromeda): a transaction is final when the
+hyperblock that notarized it at its destination is at or below `erd_highest_final_nonce` of the metachain.
+
+Statuses follow the node (mx-chain-go `process/txstatus`): `pending` until executed, `success` once executed
+(a reverted contract call included: its failure is in the logs, and `/transaction/{h}/process-status` says
+`fail`), `invalid` for a transaction in an invalid miniblock (fee charged, nonce used), `fail` only for a
+failed cross-shard token transfer. A "not executable" transaction (the fee payer cannot pay, a guarded
+relayer, a guardian mismatch) leaves the pool without a block: the node no longer knows it.
 """
 
 from __future__ import annotations
@@ -93,7 +101,7 @@ class TxRecord:
     sender_shard: int
     receiver_shard: int
     received_ms: int
-    status: str = "pending"  # pending | success | fail | invalid
+    status: str = "pending"  # pending | success | fail | invalid | dropped (our own states, see `reported`)
     reason: str = ""
     source: BlockRef | None = None
     destination: BlockRef | None = None
@@ -111,9 +119,31 @@ class TxRecord:
         return self.source is None and self.status == "pending"
 
     @property
+    def dropped(self) -> bool:
+        """Left the pool without a block (not executable, or displaced): the node does not know it."""
+        return self.status == "dropped"
+
+    @property
     def settled(self) -> bool:
-        """Nothing changes the record any more: notarized at destination, or displaced from the pool."""
-        return self.destination_hyper is not None or self.status == "invalid"
+        """Nothing changes the record any more: notarized at destination. (A dropped transaction may be sent
+        again, so it stays unsettled.)"""
+        return self.destination_hyper is not None
+
+    @property
+    def failed_at_source(self) -> bool:
+        return (
+            self.status == "fail"
+            and self.destination is not None
+            and self.destination.shard == self.sender_shard
+        )
+
+    def reported(self) -> str:
+        """The status the node reports: a failure at the destination (a reverted call) reads `success`;
+        `fail` only for a cross-shard transfer that failed at its source."""
+        if self.status == "fail":
+            cross = self.receiver_shard != self.sender_shard
+            return "fail" if cross and self.failed_at_source else "success"
+        return self.status
 
 
 class Faults:
@@ -143,6 +173,9 @@ class LocalChain:
         self.blocks: dict[int, list[Block]] = {s: [] for s in range(self.config.num_shards)}
         self.hyperblocks: list[HyperBlock] = []
         self.block_index: dict[str, Block | HyperBlock] = {}
+        # Shard blocks produced, not notarized yet: the next hyperblock notarizes them (with what each block
+        # completed at its destination and sent out of its shard).
+        self.unnotarized: list[tuple[Block, list[TxRecord], list[TxRecord]]] = []
         self.round_waiters: list[asyncio.Future[int]] = []
         self._genesis_blocks()
 
@@ -169,10 +202,21 @@ class LocalChain:
         """Validate and add to the pool; the hash, or NodeError with the node's message."""
         h = compute_tx_hash(tx)
         self.submissions[h] += 1  # every send, accepted or not: tests count broadcasts with it
-        if h in self.records:
-            return h  # the same transaction again: already known, nothing changes
+        known = self.records.get(h)
+        if known is not None and not known.dropped:
+            if known.in_pool:
+                return h  # the same transaction again while it waits: the pool keeps one copy
+            # Executed (or executing): its nonce is used, so the node refuses it as any lower nonce.
+            self.validate(tx)
+            return h
         self.validate(tx)
         sender_pk = tx.sender.get_public_key()
+        if known is not None:  # dropped before, executable now: back into the pool
+            known.status, known.reason, known.outcome = "pending", "", None
+            known.received_ms = self.now_ms()
+            self.pool[sender_pk].setdefault(tx.nonce, []).append(known)
+            self.pool_senders[known.sender_shard][sender_pk] = None
+            return h
         record = TxRecord(
             hash=h,
             tx=tx,
@@ -192,28 +236,48 @@ class LocalChain:
         return shard_of_pubkey(sender_pk, self.config.num_shards) if shard == METACHAIN else shard
 
     def simulate(self, tx: Transaction, *, check_signature: bool) -> dict[str, Any]:
-        """Run the transaction against a journaled state and undo it: the gateway's simulate."""
+        """Run the transaction against a journaled state and undo it: the gateway's simulate, in its shapes.
+
+        Each shard answers the node's `SimulationResults` as the proxy passes it on (`status`, `failReason`,
+        `scResults`, `receipts`, `hash`: no gas used, no logs); a failure's `failReason` is the VM's return
+        code text and the contract's message is in an SCR's `returnMessage`. A cross-shard transaction is
+        answered `{"senderShard": ..., "receiverShard": ...}` (the proxy simulates it on both shards)."""
         h = compute_tx_hash(tx)
+        sender_pk = tx.sender.get_public_key()
+        cross = self.shard_for(tx.receiver.get_public_key(), sender_pk) != shard_of_pubkey(
+            sender_pk, self.config.num_shards
+        )
+
+        def result(status: str, reason: str = "", message: str = "") -> dict[str, Any]:
+            answer: dict[str, Any] = {"status": status, "hash": h}
+            if reason:
+                answer["failReason"] = reason
+            if message:
+                scr = hashlib.blake2b(f"{h}:simulated".encode(), digest_size=32).hexdigest()
+                answer["scResults"] = {
+                    scr: {"hash": scr, "returnMessage": message, "originalTxHash": h, "value": 0}
+                }
+            return answer
+
         with self.world.journaled():
             try:
                 self.validate(tx, check_signature=check_signature)
             except NodeError as exc:
-                return {"status": "fail", "failReason": exc.message, "hash": h, "scResults": {}}
-            status, reason = self.executor.execute_source(tx)
+                source = result("fail", exc.message)
+                return {"senderShard": source, "receiverShard": result("success")} if cross else source
+            status, reason = self.executor.execute_source(tx, epoch=self.epoch)
             if status != "success":
-                return {"status": "fail", "failReason": reason, "hash": h, "scResults": {}}
+                source = result("fail", reason)
+                return {"senderShard": source, "receiverShard": result("success")} if cross else source
             outcome = self.executor.execute_destination(
                 tx, bytes.fromhex(h), now_ms=self.now_ms(), round_=self.round, epoch=self.epoch
             )
-        return {
-            "status": outcome.status,
-            "failReason": outcome.fail_reason,
-            "hash": h,
-            "gasUsed": outcome.gas_used,
-            "fee": str(outcome.fee),
-            "scResults": {},
-            "logs": outcome.events,
-        }
+        destination = (
+            result("success")
+            if outcome.status == "success"
+            else result("fail", "user error", outcome.fail_reason)
+        )
+        return {"senderShard": result("success"), "receiverShard": destination} if cross else destination
 
     def estimate(self, tx: Transaction) -> tuple[int, str, Outcome | None]:
         """Gas units a transaction needs (the gateway's cost route), with the failure message if any."""
@@ -233,7 +297,7 @@ class LocalChain:
         with self.world.journaled():
             payer = self.world.get(fee_payer(probe))
             payer.balance += initially_paid_fee(probe, rules)  # the estimate ignores who can pay
-            status, reason = self.executor.execute_source(probe)
+            status, reason = self.executor.execute_source(probe, epoch=self.epoch)
             if status != "success":
                 return 0, reason, None
             outcome = self.executor.execute_destination(
@@ -284,13 +348,11 @@ class LocalChain:
         self.round = max(self.round, wall_round - 1, after_last)
 
     def produce_round(self) -> HyperBlock:
-        """Produce the next round's shard blocks and the hyperblock that notarizes them."""
+        """Produce the next round's shard blocks, and the hyperblock that notarizes the earlier rounds' ones."""
         self.round += 1
         r, epoch = self.round, self.epoch
         ts = self.round_start_ms(r)
-        produced: list[Block] = []
-        completed: list[TxRecord] = []
-        sourced: list[TxRecord] = []
+        produced: list[tuple[Block, list[TxRecord], list[TxRecord]]] = []
         for shard in range(self.config.num_shards):
             if shard in self.faults.stalled_shards:
                 continue
@@ -298,23 +360,35 @@ class LocalChain:
             block = Block(shard, prev.nonce + 1, r, epoch, _hash("block", shard, r, prev.hash), prev.hash, ts)
             miniblock = _hash("miniblock", shard, r, block.hash)
             ref = block.ref(miniblock)
-            # Destination halves first: they arrived from earlier rounds.
+            completed: list[TxRecord] = []
+            sourced: list[TxRecord] = []
+            # Destination halves first: their source blocks were notarized in an earlier round.
             arrivals, self.incoming[shard] = self.incoming[shard], []
             for record in arrivals:
                 self._finish(record, ref, ts, r, epoch)
                 block.tx_hashes.append(record.hash)
                 completed.append(record)
+            held: set[bytes] = set()  # senders whose transaction was dropped: their later nonces wait
             for record in self._select(shard):
+                sender_pk = record.tx.sender.get_public_key()
+                if sender_pk in held:
+                    self.pool[sender_pk].setdefault(record.tx.nonce, []).append(record)
+                    self.pool_senders[shard][sender_pk] = None
+                    continue
+                status, reason = self.executor.execute_source(record.tx, epoch=epoch)
+                if status == "dropped":
+                    self._drop(record, reason)
+                    held.add(sender_pk)
+                    continue
                 block.tx_hashes.append(record.hash)
                 record.source = ref
-                status, reason = self.executor.execute_source(record.tx)
                 if status != "success":
                     record.status, record.reason = status, reason
                     record.destination = ref
                     record.outcome = Outcome(
                         status,
-                        gas_used=0 if status == "invalid" else record.tx.gas_limit,
-                        fee=0 if status == "invalid" else record.initially_paid_fee,
+                        gas_used=record.tx.gas_limit,
+                        fee=record.initially_paid_fee,
                         fail_reason=reason,
                     )
                     completed.append(record)
@@ -323,21 +397,32 @@ class LocalChain:
                     completed.append(record)
                 else:
                     sourced.append(record)
-                    self.incoming[record.receiver_shard].append(record)
             self.blocks[shard].append(block)
             self.block_index[block.hash] = block
-            produced.append(block)
+            produced.append((block, completed, sourced))
+        # The metachain notarizes what the shards proposed before this round; this round's blocks wait.
+        notarized, self.unnotarized = self.unnotarized, produced
         prev_hyper = self.hyperblocks[-1]
         hyper = HyperBlock(
-            prev_hyper.nonce + 1, r, epoch, _hash("hyper", r, prev_hyper.hash), prev_hyper.hash, ts, produced
+            prev_hyper.nonce + 1,
+            r,
+            epoch,
+            _hash("hyper", r, prev_hyper.hash),
+            prev_hyper.hash,
+            ts,
+            [block for block, _, _ in notarized],
         )
-        for record in sourced:
-            record.source_hyper = hyper
-        for record in completed:
-            if record.source_hyper is None:
+        for _, completed, sourced in notarized:
+            for record in sourced:
                 record.source_hyper = hyper
-            record.destination_hyper = hyper
-            hyper.tx_hashes.append(record.hash)
+                hyper.tx_hashes.append(record.hash)  # listed at its source too, `pending` there
+                # Its destination shard takes it once the source block is notarized.
+                self.incoming[record.receiver_shard].append(record)
+            for record in completed:
+                if record.source_hyper is None:
+                    record.source_hyper = hyper
+                record.destination_hyper = hyper
+                hyper.tx_hashes.append(record.hash)
         self.hyperblocks.append(hyper)
         self.block_index[hyper.hash] = hyper
         for waiter in self.round_waiters:
@@ -385,9 +470,10 @@ class LocalChain:
         return chosen
 
     def _drop(self, record: TxRecord, reason: str) -> None:
-        # A displaced transaction never executes; it is reported as invalid with the node's reason.
-        record.status, record.reason = "invalid", reason
-        record.outcome = Outcome("invalid", gas_used=0, fee=0, fail_reason=reason)
+        # Out of the pool without a block (not executable, or displaced by another transaction of its nonce):
+        # the node forgets it, and a lookup answers "transaction not found".
+        record.status, record.reason = "dropped", reason
+        record.outcome = None
 
     async def next_round(self) -> int:
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()

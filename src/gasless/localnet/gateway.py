@@ -211,12 +211,20 @@ async def send_multiple(request: web.Request) -> web.Response:
     body = await _json_body(request)
     if not isinstance(body, list):
         return fail("invalid tx fields")
-    hashes: dict[str, str] = {}
-    for index, item in enumerate(body):
+    # The proxy drops what fails its own field checks first, then keys `txsHashes` by position among the
+    # rest; a transaction the node refuses is left out (mx-chain-proxy-go SendMultipleTransactions).
+    checked = []
+    for item in body:
         try:
-            hashes[str(index)] = chain.submit(tx_from_wire(item))
-        except (WireError, NodeError):
-            continue  # the proxy silently skips invalid transactions
+            checked.append(tx_from_wire(item))
+        except WireError:
+            continue
+    hashes: dict[str, str] = {}
+    for index, tx in enumerate(checked):
+        try:
+            hashes[str(index)] = chain.submit(tx)
+        except NodeError:
+            continue
     return ok({"numOfSentTxs": len(hashes), "txsHashes": hashes})
 
 
@@ -228,11 +236,7 @@ async def simulate_transaction(request: web.Request) -> web.Response:
         tx = tx_from_wire(body)
     except WireError as exc:
         return fail(f"transaction generation failed: {exc}")
-    result = chain.simulate(tx, check_signature=check)
-    logs = result.pop("logs", [])
-    if logs:
-        result["logs"] = {"address": tx.receiver.to_bech32(), "events": [_event_json(e) for e in logs]}
-    return ok({"result": result})
+    return ok({"result": chain.simulate(tx, check_signature=check)})
 
 
 async def transaction_cost(request: web.Request) -> web.Response:
@@ -247,38 +251,55 @@ async def transaction_cost(request: web.Request) -> web.Response:
 
 
 def _record(request: web.Request) -> TxRecord | None:
-    return _chain(request).records.get(request.match_info["hash"].lower())
+    record = _chain(request).records.get(request.match_info["hash"].lower())
+    return None if record is None or record.dropped else record  # a dropped transaction is forgotten
 
 
-def _not_found() -> web.Response:
-    return fail("transaction not found", status=500)
+def _not_found(request: web.Request) -> web.Response:
+    # The proxy answers 404 on the `sender` path (any error there) and 500 without it
+    # (mx-chain-proxy-go api/groups/baseTransactionGroup.go getTransaction).
+    return fail("transaction not found", status=404 if request.query.get("sender") else 500)
 
 
 async def get_transaction(request: web.Request) -> web.Response:
     record = _record(request)
     if record is None:
-        return _not_found()
+        return _not_found(request)
     with_results = request.query.get("withResults", "false").lower() == "true"
-    return ok({"transaction": transaction_json(_chain(request), record, with_results=with_results)})
+    data = transaction_json(_chain(request), record, with_results=with_results)
+    if not request.query.get("sender"):
+        # Only the proxy's path without `sender` sets these, from the destination's notarization
+        # (process/transactionProcessor.go GetTransaction); the node never does.
+        data["hyperblockNonce"] = data["notarizedAtDestinationInMetaNonce"]
+        data["hyperblockHash"] = data["notarizedAtDestinationInMetaHash"]
+    return ok({"transaction": data})
 
 
 async def get_transaction_status(request: web.Request) -> web.Response:
     record = _record(request)
     if record is None:
-        return _not_found()
-    return ok({"status": record.status})
+        return _not_found(request)
+    return ok({"status": record.reported()})
 
 
 async def get_process_status(request: web.Request) -> web.Response:
+    """As the proxy's computeTransactionStatus: `invalid` reads `fail`; a failure in the logs (`signalError`)
+    reads `fail` with the event's data as the reason; otherwise `success` once completed, else `pending`."""
     record = _record(request)
     if record is None:
-        return _not_found()
-    status = record.status
-    if status == "invalid":
-        status = "fail"
-    if status != "pending" and record.destination_hyper is None:
-        status = "pending"
-    return ok({"status": status, "reason": record.reason})
+        return _not_found(request)
+    if record.status == "invalid":
+        return ok({"status": "fail", "reason": ""})
+    if record.status == "pending" or record.destination is None:
+        return ok({"status": "pending", "reason": ""})
+    if record.status == "fail":
+        events = record.outcome.events if record.outcome else []
+        error = next((e for e in events if e.identifier == "signalError"), None)
+        reason = (error.data[0] if error and error.data else record.reason.encode()).decode(
+            "utf-8", "replace"
+        )
+        return ok({"status": "fail", "reason": reason})
+    return ok({"status": "success", "reason": ""})
 
 
 async def get_pool(request: web.Request) -> web.Response:
@@ -373,11 +394,9 @@ def transaction_json(chain: LocalChain, record: TxRecord, *, with_results: bool)
         if record.destination_hyper
         else 0,
         "notarizedAtDestinationInMetaHash": record.destination_hyper.hash if record.destination_hyper else "",
-        "hyperblockNonce": record.destination_hyper.nonce if record.destination_hyper else 0,
-        "hyperblockHash": record.destination_hyper.hash if record.destination_hyper else "",
         "timestamp": executed.timestamp_ms // 1000 if executed else 0,
         "timestampMs": executed.timestamp_ms if executed else 0,
-        "status": record.status,
+        "status": record.reported(),
         "fee": str(outcome.fee) if outcome else "0",
         "initiallyPaidFee": str(record.initially_paid_fee),
         "chainID": tx.chain_id,
@@ -391,7 +410,7 @@ def transaction_json(chain: LocalChain, record: TxRecord, *, with_results: bool)
     if tx.guardian is not None:
         data["guardian"] = tx.guardian.to_bech32()
         data["guardianSignature"] = tx.guardian_signature.hex()
-    if record.status in ("fail", "invalid"):
+    if record.status == "invalid" or record.failed_at_source:
         data["receipt"] = {
             "value": "0",
             "sender": tx.sender.to_bech32(),
@@ -450,9 +469,17 @@ def _hyper_json(chain: LocalChain, hyper: HyperBlock, with_txs: bool = True) -> 
         "status": "on-chain",
     }
     if with_txs:
-        data["transactions"] = [
-            transaction_json(chain, chain.records[h], with_results=False) for h in hyper.tx_hashes
-        ]
+        data["transactions"] = [_listed(chain, chain.records[h], hyper) for h in hyper.tx_hashes]
+    return data
+
+
+def _listed(chain: LocalChain, record: TxRecord, hyper: HyperBlock) -> dict[str, Any]:
+    """A transaction as a hyperblock lists it: a cross-shard one is listed where its source block was
+    notarized too, `pending` there (the node computes a status per miniblock, and the source shard is not
+    its destination: mx-chain-go process/txstatus/txStatusComputer.go)."""
+    data = transaction_json(chain, record, with_results=False)
+    if record.destination_hyper is not hyper:
+        data["status"] = "pending"
     return data
 
 

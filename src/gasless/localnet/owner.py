@@ -11,6 +11,7 @@ from multiversx_sdk import TransactionComputer
 from gasless.chain.abi import load_billing_abi
 from gasless.chain.addresses import parse_address
 from gasless.chain.calls import contract_call
+from gasless.chain.outcomes import contract_failure, process_reason
 from gasless.localnet.genesis import Wallet
 
 OWNER_CALL_GAS = 20_000_000
@@ -63,7 +64,10 @@ async def owner_call(
             if status["status"] == "success":
                 return str(tx_hash)
             if status["status"] == "fail":
-                raise OwnerCallFailed(f"{function} failed: {status.get('reason')}")
+                # process-status's reason is the VM's return code; the contract's message is in the logs.
+                full = await _get(http, f"{gateway}/transaction/{tx_hash}?withResults=true")
+                reason = contract_failure(full["transaction"]) or process_reason(status.get("reason"))
+                raise OwnerCallFailed(f"{function} failed: {reason}")
             await asyncio.sleep(0.05)
     raise OwnerCallFailed(f"{function} did not execute within {timeout_s} s")
 

@@ -58,7 +58,9 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: no lock, the data directory is the user's to share
     fcntl = None  # type: ignore[assignment]
 
-FORMAT = 1  # the layout of the files; their content's shape is SHAPE
+FORMAT = (
+    2  # the layout of the files (2: shard blocks waiting for notarization); their content's shape is SHAPE
+)
 MAGIC = b"gasless-localnet-chain"
 FRAME = struct.Struct(">QI")  # payload length, CRC-32 of the payload
 PROTOCOL = 5
@@ -331,6 +333,10 @@ class ChainStore:
         chain.pool = body["pool"]
         chain.pool_senders = body["poolSenders"]
         chain.incoming = body["incoming"]
+        chain.unnotarized = body["unnotarized"]
+        for block, _, _ in chain.unnotarized:  # proposed, not notarized yet: no hyperblock holds them
+            chain.blocks[block.shard].append(block)
+            chain.block_index[block.hash] = block
         chain.submissions = body["submissions"]
         stalled, chain.faults.clock_offset_ms = body["faults"]
         chain.faults.stalled_shards = set(stalled)
@@ -360,6 +366,7 @@ class ChainStore:
             "pool": chain.pool,
             "poolSenders": chain.pool_senders,
             "incoming": chain.incoming,
+            "unnotarized": chain.unnotarized,
             "unsettled": unsettled,
             "submissions": chain.submissions,
             "genesis": genesis,

@@ -42,7 +42,7 @@ class NodeError(Exception):
 class Outcome:
     """What execution produced, in the shapes the gateway reports."""
 
-    status: str  # success | fail | invalid
+    status: str  # success | fail | invalid | dropped
     gas_used: int
     fee: int
     events: list[LogEvent] = field(default_factory=list)
@@ -207,25 +207,38 @@ class Executor:
         self.rules = rules
 
     # Sender shard -------------------------------------------------------------------------------------
-    def execute_source(self, tx: Transaction) -> tuple[str, str]:
-        """Charge the fee, bump the nonce, take the value and tokens. Returns (status, reason)."""
+    def execute_source(self, tx: Transaction, *, epoch: int = 0) -> tuple[str, str]:
+        """Charge the fee, bump the nonce, take the value and tokens. Returns (status, reason): `success`,
+        `fail` (a token transfer the sender cannot cover), `invalid` (fee taken, nonce used, nothing else)
+        or `dropped` (not executable: nothing changed, the transaction leaves the pool)."""
         world, rules = self.world, self.rules
         sender = world.get(tx.sender.get_public_key())
         payer_pk = fee_payer(tx)
         payer = world.get(payer_pk)
         fee = initially_paid_fee(tx, rules)
+        # "Not executable": the node leaves such a transaction out of the block and drops it from the pool;
+        # nobody pays, the nonce is not used (mx-chain-go process/errors.go ErrTransactionNotExecutable).
         if payer.balance < fee:
-            return "invalid", f"insufficient balance for fees, has: {payer.balance}, wanted: {fee}"
+            return "dropped", f"insufficient balance for fees, has: {payer.balance}, wanted: {fee}"
         if is_relayed_v3(tx) and payer.is_guarded:
             return (
-                "invalid",
+                "dropped",
                 "transaction is not executable and gas will not be consumed, guarded relayer not allowed",
             )
+        guardian = sender.guardian
+        if guardian is not None and guardian.activation_epoch <= epoch:
+            if tx.guardian is None or tx.guardian.get_public_key() != guardian.address:
+                return (
+                    "dropped",
+                    "transaction is not executable and gas will not be consumed, "
+                    "mismatch between transaction guardian and configured account guardian",
+                )
         payer.balance -= fee
         sender.nonce += 1
         call = parse_call(tx.data)
         if sender.balance < tx.value:
-            return "fail", "insufficient funds"
+            # Invalid: in the block (an invalid miniblock), the fee payer charged, the nonce used.
+            return "invalid", f"insufficient funds for value, has: {sender.balance}, wanted: {tx.value}"
         for payment in call.esdt:
             if sender.esdt.get(payment.token, 0) < payment.amount or payment.amount <= 0:
                 return "fail", "insufficient funds"
@@ -312,8 +325,10 @@ class Executor:
                 LogEvent(
                     address=receiver_pk,
                     identifier="signalError",
+                    # The message is the second topic; the data is the VM's return code ("@" + hex of
+                    # "user error"), which is what the proxy's process-status gives as its `reason`.
                     topics=[sender_pk, failure.encode()],
-                    data=[b"@" + failure.encode().hex().encode()],
+                    data=[b"@" + b"user error".hex().encode()],
                 )
             )
             return Outcome(

@@ -2,13 +2,18 @@
 
 Nothing here can turn an accepted relay into an error. The broadcaster sends to every gateway; the
 tracker re-broadcasts until the chain settles the intent one way or the other: executed (then finalized)
-or dead (its nonce was taken by a replacement or by another transaction of the sender).
+or dead (its nonce was taken by a replacement or by another transaction of the sender, or the network
+dropped it as not executable).
+
+What the chain says is read as the real network says it (docs/chain.md): the node's `success` is not an
+outcome for a contract call (process-status decides it), `invalid` is an execution that cost the relayer a
+fee, finality comes from the hyperblock that notarized the transaction at its destination, and a
+transaction the sender-shard lookup cannot find is confirmed missing by a second source before it is dead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +25,7 @@ from sqlalchemy import ColumnElement, and_
 from gasless.chain.addresses import METACHAIN
 from gasless.chain.gateway import Broadcast, GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
+from gasless.chain.outcomes import contract_failure, is_move_balance, process_reason
 from gasless.db import intents
 from gasless.relay.events import IntentBus
 from gasless.relay.repository import IN_FLIGHT, IntentRepository, Rec
@@ -37,6 +43,10 @@ LOOK_AFTER_ROUNDS = 3
 MAX_HYPERBLOCKS_PER_TICK = 10  # a tracker that fell behind (a slow gateway) catches up this many a tick
 MAX_HYPERBLOCKS_BEHIND = 200  # further behind than this, it jumps to the newest and the looks cover the gap
 REJECTION_RETENTION_MS = 30 * 86_400_000
+# A transaction the node dropped as not executable (a guarded relayer, a fee the relayer cannot cover, a
+# guardian mismatch) leaves the pool without a block. Unknown to the chain, absent from the pool and its
+# nonce unused for this many rounds, with a re-send in between that did not bring it back: it is dead.
+DROPPED_AFTER_ROUNDS = 8
 # A round's moves are written in transactions of at most this many intents. SQLite has one writer: every
 # commit point that arrives while a round's transaction runs waits for its end, and a round at half the
 # maximum load (hundreds of executions and finalizations) held it long enough to be the relays' p99.
@@ -76,7 +86,7 @@ class Broadcaster:
 
     def send(self, pk: int, wire: dict[str, Any], tx_hash: str) -> SentIntent:
         """Send to every gateway now; the first acknowledgement is recorded in the background."""
-        sent = SentIntent(self.gateway.broadcast(wire))
+        sent = SentIntent(self.gateway.broadcast(wire, tx_hash))
         self.sending.add(pk)
         task = asyncio.create_task(self._record(pk, tx_hash, sent))
         self._tasks.add(task)
@@ -171,6 +181,8 @@ class Tracker(Worker):
         self._tracked: dict[int, Rec] = {}
         self._next_check: dict[int, int] = {}
         self._hyper: dict[int, int] = {}  # executed intents whose notarizing hyperblock is known
+        # Intents the chain does not know and the pool does not hold: (first seen so, sends by then).
+        self._absent: dict[int, tuple[int, int]] = {}
         broadcaster.on_update = self._refresh
         self._resynced_ms = 0
         self._limit = asyncio.Semaphore(32)
@@ -239,6 +251,8 @@ class Tracker(Worker):
             del self._next_check[pk]
         for pk in [pk for pk in self._hyper if pk not in self._tracked]:
             del self._hyper[pk]
+        for pk in [pk for pk in self._absent if pk not in self._tracked]:
+            del self._absent[pk]
         batch = _Batch()
         # Executed intents whose hyperblock is known become final without asking the gateway again.
         final = self.network.meta_highest_final_nonce
@@ -246,6 +260,7 @@ class Tracker(Worker):
             batch.finalize([pk for pk, hyper in self._hyper.items() if hyper <= final], now)
         # Each intent is looked at about once per round: the chain cannot change faster than that.
         next_at = now + max(50, self.network.params.round_duration_ms)
+        settled: list[tuple[Rec, dict[str, Any]]] = []
         for pk, chain_tx in (await self._follow_hyperblocks()).items():
             row = self._tracked.get(pk)
             if row is None or pk in self._hyper:
@@ -254,6 +269,9 @@ class Tracker(Worker):
                 self._next_check[pk] = 0  # a full look: the hyperblock does not carry the failure's reason
                 continue
             self._next_check[pk] = next_at
+            settled.append((row, chain_tx))
+        await self._outcomes(settled)
+        for row, chain_tx in settled:
             await self._decide(row, chain_tx, batch, now)
         due = [
             row
@@ -264,9 +282,14 @@ class Tracker(Worker):
             self._next_check[int(row.pk)] = next_at
         if due:
             looked = await asyncio.gather(*(self._look(row) for row in due))
-            for row, chain_tx in zip(due, looked, strict=True):
-                if chain_tx is not _UNREACHABLE:
-                    await self._decide(row, chain_tx, batch, now)  # type: ignore[arg-type]
+            seen = [
+                (row, chain_tx)
+                for row, chain_tx in zip(due, looked, strict=True)
+                if chain_tx is not _UNREACHABLE
+            ]
+            await self._outcomes([(row, tx) for row, tx in seen if tx is not None])  # type: ignore[misc]
+            for row, chain_tx in seen:
+                await self._decide(row, chain_tx, batch, now)  # type: ignore[arg-type]
         await self._commit(batch, now)
         # Only once the execution is stored: an intent waiting for its hyperblock is never looked at again,
         # so one whose write failed (the database dropped the connection) would wait for ever, unbilled.
@@ -330,21 +353,65 @@ class Tracker(Worker):
             except (GatewayUnavailable, GatewayRejected):
                 return _UNREACHABLE
 
+    async def _outcomes(self, settled: list[tuple[Rec, dict[str, Any]]]) -> None:
+        """Each executed contract call's outcome, as the proxy's process-status works it out from the logs
+        and results (the node's `success` does not say it: a reverted call, or one still inside an async
+        call, reads `success`). Sets `_outcome` on the transaction (`success`, `fail`, or None: not decided
+        yet, ask again next round) and `_failure` on a failure. A transfer (no data) needs no question."""
+
+        async def one(row: Rec, chain_tx: dict[str, Any]) -> None:
+            async with self._limit:
+                try:
+                    status, reason = await self.gateway.process_status(row.tx_hash)
+                except (GatewayUnavailable, GatewayRejected):
+                    chain_tx["_outcome"] = None
+                    return
+                if status == "fail":
+                    failure = contract_failure(chain_tx)
+                    if failure is None and not chain_tx.get("logs"):  # a hyperblock's listing has no logs
+                        try:
+                            full = await self.gateway.transaction(row.tx_hash)
+                        except (GatewayUnavailable, GatewayRejected):
+                            full = None
+                        failure = contract_failure(full) if full else None
+                    chain_tx["_failure"] = failure or process_reason(reason) or "failed on chain"
+            chain_tx["_outcome"] = status if status in ("success", "fail") else None
+
+        wanted = [
+            (row, chain_tx)
+            for row, chain_tx in settled
+            if chain_tx.get("status") == "success" and not is_move_balance(chain_tx)
+        ]
+        if wanted:
+            await asyncio.gather(*(one(row, chain_tx) for row, chain_tx in wanted))
+
     async def _decide(self, row: Rec, chain_tx: dict[str, Any] | None, batch: _Batch, now: int) -> None:
         """What the chain says about one intent, as changes added to this round's batch."""
         status = chain_tx.get("status") if chain_tx else None
         block_nonce = int(chain_tx.get("blockNonce") or 0) if chain_tx else 0
-        if status == "invalid":
-            batch.dead(row, (chain_tx or {}).get("receipt", {}).get("data") or "invalid on chain", now)
-            return
-        if status in ("success", "fail") and block_nonce > 0:
-            assert chain_tx is not None
-            hyper = int(chain_tx.get("hyperblockNonce") or 0)
+        if chain_tx is not None and status in ("success", "fail", "invalid") and block_nonce > 0:
+            self._absent.pop(int(row.pk), None)
+            if status == "invalid":
+                # In an invalid miniblock: the nonce is used and the relayer paid the fee, so the relay is
+                # billed as a failed execution (docs/billing.md).
+                receipt = (chain_tx.get("receipt") or {}).get("data")
+                outcome, failure = "fail", f"invalid on chain: {receipt or 'no reason given'}"[:64]
+            elif status == "success" and not is_move_balance(chain_tx):
+                if chain_tx.get("_outcome") is None:
+                    return  # executed, outcome not decided yet (process-status said pending): next round
+                outcome, failure = chain_tx["_outcome"], chain_tx.get("_failure")
+            else:
+                outcome = status
+                failure = (contract_failure(chain_tx) or "failed on chain") if status == "fail" else None
+            # Finality: the hyperblock that notarized it at its destination. Only the proxy's lookup without
+            # `sender` fills `hyperblockNonce`; `notarizedAtDestinationInMetaNonce` is on every path.
+            hyper = int(
+                chain_tx.get("hyperblockNonce") or chain_tx.get("notarizedAtDestinationInMetaNonce") or 0
+            )
             final = self.network.meta_highest_final_nonce
             if row.state in ("COSIGNED", "BROADCAST"):
                 executed_ts = int(chain_tx.get("timestampMs") or int(chain_tx.get("timestamp") or 0) * 1000)
-                failure = contract_failure(chain_tx) if status == "fail" else None
-                batch.executed(row, executed_ts or None, status, failure)
+                batch.executed(row, executed_ts or None, outcome, failure)
                 self._rivals_of(row, batch, now)
             if hyper > 0 and final is not None and hyper <= final:
                 batch.finalize([int(row.pk)], now)
@@ -355,26 +422,98 @@ class Tracker(Worker):
         age = now - int(row.cosigned_at_ms)
         last_sent = int(row.last_sent_at_ms or row.cosigned_at_ms)
         if chain_tx is None:
-            if await self._nonce_taken(row):
-                batch.dead(row, "nonce used by another transaction of the sender", now)
+            missing = await self._missing(row, now)
+            if isinstance(missing, dict):  # the second source found it: decide on what it says
+                if missing.get("status") in ("success", "fail", "invalid"):
+                    await self._outcomes([(row, missing)])
+                    await self._decide(row, missing, batch, now)
+                    return
+            elif missing is not None:
+                batch.dead(row, missing, now)
                 return
             if age > self.give_up_ms:
                 batch.dead(row, f"not included within {self.give_up_ms} ms", now)
                 return
+        else:
+            self._absent.pop(int(row.pk), None)
         # Re-send: quickly while no gateway acknowledged, slowly while the chain does not know the hash;
         # never while a send of this intent is still waiting for its answer.
         due = 1_000 if row.state == "COSIGNED" else self.rebroadcast_ms
         sending = int(row.pk) in self.broadcaster.sending
         if not sending and now - last_sent >= due and (row.state == "COSIGNED" or chain_tx is None):
-            if getattr(row, "tx", None) is None:  # an update's row without the wire transaction
-                fresh = await self.repo.by_pk(int(row.pk))
-                if fresh is None:
-                    return
-                row = row._replace(tx=fresh.tx)
+            row = await self._with_wire(row)
+            if row is None:
+                return
             self.broadcaster.send(int(row.pk), dict(row.tx), row.tx_hash)
             self._tracked[int(row.pk)] = row._replace(
                 last_sent_at_ms=now, send_attempts=row.send_attempts + 1
             )
+
+    async def _with_wire(self, row: Rec) -> Rec | None:
+        if getattr(row, "tx", None) is None:  # an update's row without the wire transaction
+            fresh = await self.repo.by_pk(int(row.pk))
+            if fresh is None:
+                return None
+            row = row._replace(tx=fresh.tx)
+        return row
+
+    async def _missing(self, row: Rec, now: int) -> dict[str, Any] | str | None:
+        """The sender-shard lookup does not know the transaction. Returns the transaction when a second
+        source knows it after all, the reason it is dead, or None (not decided: keep sending).
+
+        - The sender's nonce moved past ours: taken by another transaction, unless the lookup without
+          `sender` finds ours (on the `sender` path the proxy answers any failure of the sender shard's
+          history nodes as 404 "transaction not found").
+        - The nonce did not move and the pool does not hold it, for DROPPED_AFTER_ROUNDS rounds and a
+          re-send: the node dropped it as not executable."""
+        try:
+            account = await self.gateway.account(row.sender)
+        except (GatewayUnavailable, GatewayRejected):
+            return None
+        if int(account.get("nonce", 0)) > int(row.nonce):
+            self._absent.pop(int(row.pk), None)
+            try:
+                again = await self.gateway.transaction(row.tx_hash)  # without `sender`: every shard's nodes
+            except (GatewayUnavailable, GatewayRejected):
+                return None
+            return again if again is not None else "nonce used by another transaction of the sender"
+        if row.state != "BROADCAST":
+            return None  # never acknowledged: a gateway may simply not have it yet
+        try:
+            pool = await self.gateway.pool_for_sender(row.sender, fields="hash")
+        except (GatewayUnavailable, GatewayRejected):
+            return None
+        pk = int(row.pk)
+        if any(entry.get("hash") == row.tx_hash for entry in pool):
+            self._absent.pop(pk, None)
+            return None
+        first_ms, sends = self._absent.setdefault(pk, (now, int(row.send_attempts)))
+        rounds = (now - first_ms) / max(1, self.network.params.round_duration_ms)
+        if rounds < DROPPED_AFTER_ROUNDS or int(row.send_attempts) <= sends:
+            return None
+        return "dropped by the network without execution: " + await self._why_dropped(row)
+
+    async def _why_dropped(self, row: Rec) -> str:
+        """Which of the node's "not executable" rules it met, as far as the accounts tell now."""
+        full = await self._with_wire(row)
+        wire: dict[str, Any] = dict(full.tx) if full is not None else {}
+        relayer = wire.get("relayer")
+        try:
+            if relayer:
+                guardian = await self.gateway.guardian_data(relayer)
+                if guardian.get("guarded"):
+                    return "the relayer is a guarded account"
+                account = await self.gateway.account(relayer)
+                fee = int(wire.get("gasLimit") or 0) * int(wire.get("gasPrice") or 0)
+                if int(account.get("balance") or 0) < fee:
+                    return "the relayer cannot cover the fee"
+            sender_guardian = await self.gateway.guardian_data(row.sender)
+            active = (sender_guardian.get("activeGuardian") or {}).get("address")
+            if sender_guardian.get("guarded") and active != wire.get("guardian"):
+                return "the transaction's guardian is not the account's"
+        except (GatewayUnavailable, GatewayRejected, ValueError, TypeError):
+            pass
+        return "not executable (it left the pool without a block)"
 
     def _rivals_of(self, winner: Rec, batch: _Batch, now: int) -> None:
         """The executed intent took the slot: every other in-flight intent of that nonce is dead. Rivals
@@ -408,20 +547,6 @@ class Tracker(Worker):
             row = self._tracked.get(pk)
             if row is not None:
                 await self._reload(row)
-
-    async def _nonce_taken(self, row: Rec) -> bool:
-        try:
-            account = await self.gateway.account(row.sender)
-        except (GatewayUnavailable, GatewayRejected):
-            return False
-        if int(account.get("nonce", 0)) <= int(row.nonce):
-            return False
-        # The nonce moved past ours; make sure our transaction is not simply being executed right now.
-        try:
-            again = await self.gateway.transaction(row.tx_hash, sender=row.sender)
-        except (GatewayUnavailable, GatewayRejected):
-            return False
-        return again is None
 
     async def _reload(self, row: Rec) -> None:
         fresh = await self.repo.by_pk(int(row.pk))
@@ -551,21 +676,3 @@ class Retention(Worker):
             except Exception as exc:
                 log.warning("retention run failed", error=type(exc).__name__)
             await asyncio.sleep(self.every_ms / 1000)
-
-
-def contract_failure(chain_tx: dict[str, Any]) -> str | None:
-    """The error a failed execution signalled (the `signalError` event's second topic, as the node reports
-    it), else the first smart-contract result's return message; None when the chain says nothing."""
-    for event in (chain_tx.get("logs") or {}).get("events") or []:
-        if event.get("identifier") == "signalError":
-            topics = event.get("topics") or []
-            if len(topics) > 1 and topics[1]:
-                try:
-                    return base64.b64decode(topics[1]).decode("utf-8", "replace")[:64]
-                except ValueError:
-                    continue
-    for result in chain_tx.get("smartContractResults") or []:
-        message = result.get("returnMessage")
-        if message:
-            return str(message)[:64]
-    return None

@@ -13,6 +13,7 @@ from gasless.chain.addresses import address_of, parse_address
 from gasless.chain.calls import contract_call
 from gasless.chain.codec import signing_bytes
 from gasless.chain.gateway import GatewayClient
+from gasless.chain.outcomes import contract_failure, process_reason
 
 OWNER_GAS = 20_000_000
 MAX_GAS = 600_000_000
@@ -65,7 +66,16 @@ class OwnerTransactor:
             except Exception:  # noqa: BLE001 - not known yet, or a gateway hiccup: ask again
                 status = {}
             state = status.get("status")
-            if state in ("success", "fail", "invalid"):
+            if state == "fail":
+                # process-status's reason is the VM's return code; the contract's message is in the logs.
+                try:
+                    full = await self.gateway.transaction(tx_hash)
+                except Exception:  # noqa: BLE001 - the code is still a reason
+                    full = None
+                return state, (contract_failure(full) if full else None) or process_reason(
+                    status.get("reason")
+                )
+            if state in ("success", "invalid"):
                 return state, status.get("reason")
             await asyncio.sleep(0.1)
         return "pending", None
