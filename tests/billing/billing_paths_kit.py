@@ -95,13 +95,13 @@ def relay_data(
 
 
 def simulated_gas(env: Any, tx: Any) -> int:
-    """The gas the localnet's simulation uses for `tx`, plus 10% of its processing part."""
+    """The gas the network's cost estimate gives for `tx` (`POST /transaction/cost`, as the service measures
+    it), plus 10% of its processing part."""
     host = env.client.app.state.host
     wire = {**tx.to_dictionary(), "relayerSignature": "00" * 64}
-    data = env.client.portal.call(lambda: host.gateway.simulate(wire, check_signature=False))
-    result = data.get("result", data)
-    assert result.get("status") == "success", result
-    used = int(result["gasUsed"])
+    cost = env.client.portal.call(lambda: host.gateway.cost(wire))
+    assert not cost.get("returnMessage"), cost
+    used = int(cost["txGasUnits"])
     movement = host.network.params.gas_rules().movement_gas(
         data_len=len(tx.data), guarded=False, relayed=True
     )

@@ -508,3 +508,59 @@ async def test_send_multiple_keys_shifted_by_a_refused_one_are_matched_by_hash(g
     assert (first.ok, first.error) == (False, "invalid chain ID")
     assert second.ok and second.tx_hash == hash_of(wires[1])
     assert fake.paths() == ["/transaction/send-multiple", "/transaction/send"]
+
+
+# What the proxy answers when it could not ask, or must be asked again -------------------------------------
+async def test_a_pool_answered_null_is_not_an_empty_pool(gateway) -> None:  # type: ignore[no-untyped-def]
+    """Every observer of the sender's shard failed: the proxy answers `200 {"txPool": null}`
+    (process/transactionProcessor.go:1397-1408). That is not "no pending transactions"."""
+    from gasless.chain.gateway import GatewayUnavailable
+
+    fake, client = gateway
+    fake.on("GET", "/transaction/pool", ok({"txPool": None}))
+    with pytest.raises(GatewayUnavailable):
+        await client.pool_for_sender(ALICE.to_bech32())
+
+
+async def test_process_status_and_the_failure_in_the_logs(gateway) -> None:  # type: ignore[no-untyped-def]
+    """process-status answers `{"status", "reason"}` (api/groups/baseTransactionGroup.go:251-265); the
+    reason is the failure event's data (the VM's return code), the message is the event's second topic."""
+    from gasless.chain.outcomes import contract_failure, process_reason
+
+    fake, client = gateway
+    fake.on(
+        "GET",
+        f"/transaction/{HASH}/process-status",
+        ok({"status": "fail", "reason": "@" + b"user error".hex()}),
+    )
+    status, reason = await client.process_status(HASH)
+    assert (status, process_reason(reason)) == ("fail", "user error")
+    reverted = {
+        **EXECUTED,
+        "status": "success",  # what the node says of a reverted call
+        "logs": {
+            "address": CONTRACT.to_bech32(),
+            "events": [
+                {
+                    "address": CONTRACT.to_bech32(),
+                    "identifier": "signalError",
+                    "topics": [b64(bytes(ALICE.get_public_key())), b64("ERR_PAUSED")],
+                    "data": b64("@" + b"user error".hex()),
+                    "additionalData": None,
+                }
+            ],
+        },
+    }
+    assert contract_failure(reverted) == "ERR_PAUSED"
+    fake.on("GET", f"/transaction/{HASH}/process-status", ok({"status": "pending", "reason": ""}))
+    assert await client.process_status(HASH) == ("pending", None)
+
+
+async def test_a_429_without_retry_after_is_waited_for_not_an_outage(gateway) -> None:  # type: ignore[no-untyped-def]
+    """The proxy's limiter and the nodes' throttles answer 429 without Retry-After (api/middleware/
+    rateLimiter.go:77-83): the read waits and asks again within its budget."""
+    fake, client = gateway
+    answers = iter([(429, failed("your IP exceeded the limit", "bad_request")), (200, ok({"nonce": 3}))])
+    fake.answers[("GET", "/address/x/nonce")] = lambda body: next(answers)
+    assert await client.get("/address/x/nonce") == {"nonce": 3}
+    assert fake.paths() == ["/address/x/nonce", "/address/x/nonce"]

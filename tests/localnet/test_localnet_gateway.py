@@ -133,10 +133,11 @@ def test_cross_shard_runs_source_then_destination_and_finality_one_block_later(l
     assert meta.highest_final_block_nonce >= hyper
     block = provider.do_get_generic(f"hyperblock/by-nonce/{hyper}").to_dictionary()["hyperblock"]
     assert [t["status"] for t in block["transactions"] if t["hash"] == tx_hash] == ["success"]
+    # A hyperblock lists what executed at its destination only, not the source half.
     source = provider.do_get_generic(
         f"hyperblock/by-nonce/{raw['notarizedAtSourceInMetaNonce']}"
     ).to_dictionary()["hyperblock"]
-    assert [t["status"] for t in source["transactions"] if t["hash"] == tx_hash] == ["pending"]
+    assert tx_hash not in [t["hash"] for t in source["transactions"]]
 
 
 @pytest.mark.parametrize(
@@ -295,3 +296,50 @@ def test_unknown_hash_and_bad_address(localnet) -> None:  # type: ignore[no-unty
     response = requests.get(f"{localnet.url}/address/erd1notanaddress", timeout=5)
     assert response.status_code == 400
     assert shard_of(user_in(localnet, 2).address) == 2
+
+
+def test_an_executed_transaction_sent_again_is_refused_with_lower_nonce(localnet) -> None:  # type: ignore[no-untyped-def]
+    """Its nonce is used: the node refuses it as any lower nonce (mx-chain-go txValidator), while the same
+    transaction sent again while it waits in the pool is simply accepted."""
+    provider = ProxyNetworkProvider(localnet.url)
+    sender, relayer = user_in(localnet, 1), relayer_in(localnet, 1)
+    nonce = provider.get_account(sender.address).nonce
+    tx = relayed_tx(sender, relayer, sender.address, nonce)
+    tx_hash = provider.send_transaction(tx)
+    provider.await_transaction_completed(tx_hash, AwaitingOptions(timeout_in_milliseconds=10_000))
+    again = requests.post(f"{localnet.url}/transaction/send", json=tx.to_dictionary(), timeout=5)
+    assert again.status_code == 400
+    assert again.json()["error"] == (
+        "transaction generation failed: invalid transaction lowerNonceInTx: true, veryHighNonceInTx: false"
+    )
+
+
+def test_a_not_executable_transaction_leaves_the_pool_without_a_block(localnet) -> None:  # type: ignore[no-untyped-def]
+    """A guarded relayer: accepted by `send`, then left out of the block and dropped from the pool; nobody
+    pays and the sender's nonce is not used. The node no longer knows it."""
+    provider = ProxyNetworkProvider(localnet.url)
+    sender, relayer = user_in(localnet, 2), relayer_in(localnet, 2)
+    guardian = user_in(localnet, 0).address.to_bech32()
+    body = {"address": relayer.address.to_bech32(), "guardian": guardian, "activationEpoch": 0}
+    assert requests.post(f"{localnet.url}/localnet/guardian", json=body, timeout=5).ok
+    try:
+        before = provider.get_account(relayer.address).balance
+        nonce = provider.get_account(sender.address).nonce
+        tx_hash = provider.send_transaction(relayed_tx(sender, relayer, sender.address, nonce)).hex()
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            answer = requests.get(f"{localnet.url}/transaction/{tx_hash}", timeout=5)
+            if answer.status_code != 200:
+                break
+            assert answer.json()["data"]["transaction"]["status"] == "pending"
+            time.sleep(0.02)
+        assert answer.status_code == 500 and answer.json()["error"] == "transaction not found"
+        pool = requests.get(
+            f"{localnet.url}/transaction/pool?by-sender={sender.address.to_bech32()}", timeout=5
+        ).json()["data"]["txPool"]["transactions"]
+        assert pool == []
+        assert provider.get_account(sender.address).nonce == nonce
+        assert provider.get_account(relayer.address).balance == before
+    finally:
+        body["guardian"] = ""
+        requests.post(f"{localnet.url}/localnet/guardian", json=body, timeout=5)

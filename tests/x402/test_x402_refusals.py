@@ -307,7 +307,12 @@ def test_a_verified_payment_that_cannot_settle_is_payment_failed(env: Any) -> No
     assert relay_env.chain_nonce(env, payer.address) == 1
 
 
-def test_a_payment_reverted_by_the_contract_is_payment_failed(env: Any) -> None:
+@pytest.mark.parametrize("simulate", ["contract_calls", "never"])
+def test_a_payment_reverted_by_the_contract_is_payment_failed(make_env: Any, simulate: str) -> None:
+    """Refused by simulation, or (simulation off) co-signed, sent and reverted on chain: the node reads the
+    reverted call `success`, the tracker's outcome from process-status is `fail`, so the payment fails with
+    `reason: reverted` instead of waiting for an event that never comes."""
+    env = make_env(simulate=simulate)
     payer, body = funded_payer(env)
     required = challenge(env, body)
     bounds = env.client.get("/v1/pricing").json()["deposit"]
@@ -317,7 +322,8 @@ def test_a_payment_reverted_by_the_contract_is_payment_failed(env: Any) -> None:
     header, payment_id = pay_header(required, UserKey(payer.key))
     answer = env.client.post(TOPUP, json=body, headers={"PAYMENT-SIGNATURE": header})
     problem = relay_env.check_problem(answer, "PAYMENT_FAILED")
-    assert problem["details"]["reason"] in ("SIMULATION_FAILED", "reverted"), problem
+    expected = "SIMULATION_FAILED" if simulate == "contract_calls" else "reverted"
+    assert problem["details"]["reason"] == expected, problem
     assert read_settlement(answer.headers).success is False
     polled = env.client.get(f"/v1/x402/payments/{payment_id}")
     assert polled.status_code == 402 and polled.json()["details"]["reason"] == problem["details"]["reason"]

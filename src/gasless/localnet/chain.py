@@ -414,8 +414,9 @@ class LocalChain:
         )
         for _, completed, sourced in notarized:
             for record in sourced:
+                # Not listed here: a hyperblock lists only what executed at its destination
+                # (mx-chain-proxy-go process/hyperblockBuilder.go collectFinalizedTxs).
                 record.source_hyper = hyper
-                hyper.tx_hashes.append(record.hash)  # listed at its source too, `pending` there
                 # Its destination shard takes it once the source block is notarized.
                 self.incoming[record.receiver_shard].append(record)
             for record in completed:

@@ -469,17 +469,9 @@ def _hyper_json(chain: LocalChain, hyper: HyperBlock, with_txs: bool = True) -> 
         "status": "on-chain",
     }
     if with_txs:
-        data["transactions"] = [_listed(chain, chain.records[h], hyper) for h in hyper.tx_hashes]
-    return data
-
-
-def _listed(chain: LocalChain, record: TxRecord, hyper: HyperBlock) -> dict[str, Any]:
-    """A transaction as a hyperblock lists it: a cross-shard one is listed where its source block was
-    notarized too, `pending` there (the node computes a status per miniblock, and the source shard is not
-    its destination: mx-chain-go process/txstatus/txStatusComputer.go)."""
-    data = transaction_json(chain, record, with_results=False)
-    if record.destination_hyper is not hyper:
-        data["status"] = "pending"
+        data["transactions"] = [
+            transaction_json(chain, chain.records[h], with_results=False) for h in hyper.tx_hashes
+        ]
     return data
 
 
