@@ -38,8 +38,10 @@ GIVE_UP_MS = 900_000  # an intent the chain never saw is declared dead after thi
 RESYNC_MS = 2_000  # adopt intents committed by other hosts (and drop those they settled)
 # While the hyperblocks are followed, an intent is first looked at on its own this many rounds after it was
 # co-signed: by then a transaction the chain executed has shown in a hyperblock, so a look is only needed
-# for the ones that did not (still in the pool, rejected, replaced, or a hyperblock that was not read).
-LOOK_AFTER_ROUNDS = 3
+# for the ones that did not (still in the pool, rejected, replaced, or a hyperblock that was not read). A
+# hyperblock lists a transaction once it is notarized at its destination: one round after its block for a
+# same-shard one, three for a cross-shard one (included the round after its co-signature: four).
+LOOK_AFTER_ROUNDS = 5
 MAX_HYPERBLOCKS_PER_TICK = 10  # a tracker that fell behind (a slow gateway) catches up this many a tick
 MAX_HYPERBLOCKS_BEHIND = 200  # further behind than this, it jumps to the newest and the looks cover the gap
 REJECTION_RETENTION_MS = 30 * 86_400_000
