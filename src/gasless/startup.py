@@ -13,14 +13,14 @@ import structlog
 
 from gasless.accounts.mirror_reads import AccountReads
 from gasless.accounts.senders import SenderListing
-from gasless.auth.native_auth import NativeAuthVerifier
+from gasless.auth.native_auth import BlockUnavailable, NativeAuthVerifier
 from gasless.auth.roles import AccountRoles
 from gasless.billing.decision import Entitlement
 from gasless.billing.entitlement import BillingEntitlement
 from gasless.billing.gate import BillingGate, FreeFlowLimits
 from gasless.billing.policy import MAX_DATA_BYTES_SELF_SERVE, AdmissionPolicy
 from gasless.billing.unbilled import UnbilledEntitlement
-from gasless.chain.gateway import GatewayClient
+from gasless.chain.gateway import GatewayClient, GatewayUnavailable
 from gasless.chain.identity import ChainGuard, ChainIdentityRepository, ChainMismatch
 from gasless.chain.network import NetworkView
 from gasless.client.keys import UserKey
@@ -184,7 +184,18 @@ async def start_relay_core(
     if settings.bench_unbilled:  # bench/relay.py --unbilled only: the relay path without billing
         entitlement, gate = UnbilledEntitlement(), None
         log.warning("billing disabled (bench_unbilled): every relay is free and unaccounted")
-    native_auth = NativeAuthVerifier(network.blocks, accepted_origins=settings.effective_native_auth_origins)
+
+    async def resolve_block(block_hash: str) -> int | None:
+        try:
+            return await network.block_timestamp_ms(block_hash)
+        except GatewayUnavailable as exc:
+            raise BlockUnavailable(str(exc)) from exc
+
+    native_auth = NativeAuthVerifier(
+        network.blocks,
+        accepted_origins=settings.effective_native_auth_origins,
+        resolve_block=resolve_block,
+    )
     assign = AssignService(
         chain_id=settings.network.chain_id,
         network=network,

@@ -374,3 +374,34 @@ def test_localhost_is_not_an_app_origin_off_localnet() -> None:
     assert policy.allows_credentials("https://devnet-app.gasless.example/")
     for origin in ("http://localhost:3000", "http://127.0.0.1:8080", "https://app.gasless.example", "null"):
         assert not policy.allows_credentials(origin), origin
+
+
+# A token minted before a restart ------------------------------------------------------------------------
+def test_a_token_survives_a_restart_and_verifies_on_another_host(
+    tmp_path: Any, unpaused_localnet: Any, auth: Any, platform_problem: Any
+) -> None:
+    """The block record is in memory only: a host started after the token's block never recorded it. The
+    token's block is then verified once on the chain (the gateway's block by hash), as MultiversX's own
+    native-auth server does; a hash the chain does not know stays `unknown block`."""
+    from relay_kit import start_env
+
+    account = auth.account()
+    block = auth.block()
+    token = auth.token(account, ttl_seconds=3_600, block=block["blockHash"])
+    headers = {"Authorization": f"Bearer {token}"}
+    assert auth.env.client.get("/v1/me", headers=headers).status_code == 200
+    # A new host (as after a deploy), on its own database: its record starts at the newest block.
+    auth.wait_next_block(block["blockNonce"] + 2)
+    later = start_env(tmp_path / "restarted", unpaused_localnet)
+    restarted = next(later)
+    try:
+        assert block["blockHash"] not in restarted.client.app.state.host.network.blocks
+        me = restarted.client.get("/v1/me", headers=headers)
+        assert me.status_code == 200, me.text
+        assert me.json()["tokenExpiresMs"] == block["blockTimestampMs"] + 3_600_000
+        forged = auth.token(account, ttl_seconds=600, block="ab" * 32)
+        refused = restarted.client.get("/v1/me", headers={"Authorization": f"Bearer {forged}"})
+        assert "unknown block" in platform_problem(refused, "TOKEN_INVALID")["detail"]
+    finally:
+        with pytest.raises(StopIteration):
+            next(later)

@@ -29,7 +29,7 @@ from fastapi.openapi.models import APIKey, APIKeyIn
 from fastapi.openapi.models import HTTPBearer as HTTPBearerModel
 from fastapi.security.base import SecurityBase
 
-from gasless.auth.native_auth import NativeAuthError
+from gasless.auth.native_auth import BlockUnavailable, NativeAuthError
 from gasless.auth.origins import origin_not_allowed
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.errors import ApiError
@@ -173,10 +173,17 @@ async def _verify_native_auth(request: Request, authorization: str | None, *, ac
         )
     verifier = _host(request).token_verifier  # 503 UPSTREAM_UNAVAILABLE while the host starts
     try:
-        identity = verifier.verify(token)
+        identity = await verifier.verify_async(token)
     except NativeAuthError as exc:
         raise ApiError(
             exc.code, detail=exc.message, headers={"WWW-Authenticate": _INVALID_TOKEN_CHALLENGE}
+        ) from None
+    except BlockUnavailable:
+        # Neither good nor bad yet: the chain could not be asked about the token's block.
+        raise ApiError(
+            "UPSTREAM_UNAVAILABLE",
+            detail="the token's block could not be looked up on the chain",
+            details={"retryAfterMs": 1_000},
         ) from None
     caller = Caller(address=identity.address, origin=identity.origin, expires_ms=identity.expires_ms)
     request.state.caller = caller

@@ -15,6 +15,12 @@ characters), a wildcard origin matches host labels only, and extraInfo `multisig
 (the identity is always the signer). Times are in milliseconds (the record's unit), not seconds.
 
 Successful verifications are cached by token (bounded LRU); expiry is re-checked on every call.
+
+A block hash the record does not hold (minted before this host started, or by a client that read another
+shard's block) is looked up on the chain once, as MultiversX's own native-auth server does against its API:
+`verify_async` asks the `resolve_block` hook (the gateway's block by hash) after everything else about the
+token checked out, signature included, and remembers what it verified (and, for a while, what it did not
+find), so a token survives a restart and verifies on every host.
 """
 
 from __future__ import annotations
@@ -25,8 +31,9 @@ import copy
 import json
 import re
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -66,6 +73,24 @@ class NativeAuthError(Exception):
 
 def _invalid(message: str) -> NativeAuthError:
     return NativeAuthError(TOKEN_INVALID, message)
+
+
+class UnknownBlock(NativeAuthError):
+    """The token checked out but for its block hash, which the record does not hold."""
+
+    def __init__(self, block_hash: str) -> None:
+        super().__init__(TOKEN_INVALID, f"unknown block {block_hash}")
+        self.block_hash = block_hash
+
+
+class BlockUnavailable(Exception):
+    """The chain could not be asked about a block (no gateway answered): neither known nor unknown."""
+
+
+# A block hash the chain did not know is not asked about again for this long (a client's typo, or one
+# minting tokens on random hashes, costs one lookup a minute).
+UNKNOWN_BLOCK_TTL_S = 60.0
+RESOLVED_BLOCKS = 100_000  # block timestamps verified on the chain, kept (LRU)
 
 
 class BlockLookup(Protocol):
@@ -114,6 +139,7 @@ class NativeAuthVerifier:
         accepted_origins: Collection[str],
         max_ttl_seconds: int = MAX_TTL_SECONDS,
         cache_size: int = 4096,
+        resolve_block: Callable[[str], Awaitable[int | None]] | None = None,
     ) -> None:
         if isinstance(accepted_origins, str) or not accepted_origins:
             raise ValueError("accepted_origins must be a non-empty collection of origins")
@@ -140,6 +166,11 @@ class NativeAuthVerifier:
         self._wildcards = tuple(wildcards)
         self._cache: OrderedDict[str, NativeAuthIdentity] = OrderedDict()
         self._lock = threading.Lock()
+        # `resolve_block(hash)`: the block's timestamp (ms) on the chain, None when the chain does not know
+        # it; raises BlockUnavailable when it cannot tell.
+        self.resolve_block = resolve_block
+        self._resolved: OrderedDict[str, int] = OrderedDict()
+        self._unknown: dict[str, float] = {}  # block hash -> monotonic time until which it stays unknown
 
     # Public ---------------------------------------------------------------------------------------------
     def verify(self, token: str) -> NativeAuthIdentity:
@@ -173,6 +204,37 @@ class NativeAuthVerifier:
         if identity.extra_info:
             identity = replace(identity, extra_info=copy.deepcopy(identity.extra_info))
         return identity
+
+    async def verify_async(self, token: str) -> NativeAuthIdentity:
+        """`verify`, and for a block hash the record does not hold, one look at the chain.
+        BlockUnavailable when the chain could not be asked (the caller answers 503, not 401)."""
+        try:
+            return self.verify(token)
+        except UnknownBlock as exc:
+            if self.resolve_block is None:
+                raise
+            block_hash = exc.block_hash
+            now = time.monotonic()
+            if self._unknown.get(block_hash, 0.0) > now:
+                raise
+            timestamp_ms = await self.resolve_block(block_hash)
+            if timestamp_ms is None:
+                if len(self._unknown) >= RESOLVED_BLOCKS:
+                    self._unknown = {h: t for h, t in self._unknown.items() if t > now}
+                self._unknown[block_hash] = now + UNKNOWN_BLOCK_TTL_S
+                raise
+            with self._lock:
+                self._resolved[block_hash] = timestamp_ms
+                while len(self._resolved) > RESOLVED_BLOCKS:
+                    self._resolved.popitem(last=False)
+            return self.verify(token)
+
+    def _block_timestamp_ms(self, block_hash: str) -> int | None:
+        found = self.blocks.timestamp_ms(block_hash)
+        if found is None:
+            with self._lock:
+                found = self._resolved.get(block_hash)
+        return found
 
     def is_origin_accepted(self, origin: str) -> bool:
         if self._any_origin or origin in self._exact:
@@ -222,9 +284,12 @@ class NativeAuthVerifier:
         if not self.is_origin_accepted(origin):
             raise _invalid(f"the origin {_shorten(origin)!r} is not accepted")
 
-        issued_ms = self.blocks.timestamp_ms(block_hash)
+        issued_ms = self._block_timestamp_ms(block_hash)
         if issued_ms is None:
-            raise _invalid(f"unknown block {block_hash}")
+            # Only a token that is otherwise good earns a look at the chain (verify_async).
+            if not _signature_matches(address, body, signature):
+                raise _invalid("the signature does not match the token")
+            raise UnknownBlock(block_hash)
         identity = NativeAuthIdentity(
             address=address.to_bech32(),
             origin=origin,

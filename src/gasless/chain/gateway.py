@@ -513,3 +513,17 @@ class GatewayClient:
 
     async def block_by_nonce(self, shard: int, nonce: int) -> dict[str, Any]:
         return (await self.get(f"/block/{shard}/by-nonce/{nonce}"))["block"]
+
+    async def block_by_hash(self, shard: int, block_hash: str) -> dict[str, Any] | None:
+        """The block, or None when that shard's nodes do not have it. The proxy answers an unknown block
+        `500 sending request error, getting block failed: ...` (docs/chain.md): that text is the node's
+        verdict, not an outage; GatewayUnavailable for anything else that is not an answer."""
+        try:
+            return (await self.get(f"/block/{shard}/by-hash/{block_hash}"))["block"]  # type: ignore[no-any-return]
+        except GatewayRejected:
+            return None
+        except GatewayUnavailable as exc:
+            text = str(exc).lower()
+            if "getting block failed" in text or "block not found" in text:
+                return None
+            raise

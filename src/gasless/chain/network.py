@@ -257,6 +257,19 @@ class NetworkView:
         meta = self._statuses.get(METACHAIN)
         return meta.highest_final_nonce if meta else None
 
+    async def block_timestamp_ms(self, block_hash: str) -> int | None:
+        """A block's timestamp on the chain, by hash: the record first, then the gateway, the recorded shard
+        first, then the others; None when no shard has it. GatewayUnavailable when a shard could not tell."""
+        known = self.blocks.timestamp_ms(block_hash)
+        if known is not None:
+            return known
+        shards = [self.record_shard, *(s for s in self._shards() if s != self.record_shard)]
+        for shard in shards:
+            block = await self.gateway.block_by_hash(shard, block_hash)
+            if block is not None and str(block.get("hash", "")).lower() == block_hash.lower():
+                return int(block.get("timestampMs") or int(block.get("timestamp", 0)) * 1000)
+        return None
+
     def clock_offset_ms(self) -> int | None:
         """Our clock minus the chain's, from the freshest shards (positive: we are ahead of the chain).
 

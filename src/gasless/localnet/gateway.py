@@ -541,9 +541,15 @@ async def block_by_nonce(request: web.Request) -> web.Response:
 
 async def block_by_hash(request: web.Request) -> web.Response:
     chain = _chain(request)
-    found = chain.block_index.get(request.match_info["hash"])
-    if found is None:
-        return fail("block not found", status=500)
+    try:
+        shard = int(request.match_info["shard"])
+    except ValueError:
+        return fail("invalid shard ID")
+    found = chain.block_index.get(request.match_info["hash"].lower())
+    found_shard = METACHAIN if isinstance(found, HyperBlock) else getattr(found, "shard", None)
+    if found is None or found_shard != shard:
+        # The proxy's text when that shard's nodes do not have it (process/blockProcessor.go).
+        return fail("sending request error, getting block failed: block not found", status=500)
     with_txs = request.query.get("withTxs", "false").lower() == "true"
     return ok({"block": _shard_block_json(chain, found, with_txs)})
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gasless.auth.native_auth import NativeAuthError, NativeAuthVerifier
+from gasless.auth.native_auth import BlockUnavailable, NativeAuthError, NativeAuthVerifier
 from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubkey
 from gasless.chain.codec import signing_bytes, tx_hash, verify_ed25519
 from gasless.chain.network import NetworkView
@@ -83,7 +83,7 @@ class AssignService:
         # good clock must hear "retry, elsewhere" (503), not that its proof is invalid (found by
         # bench/chaos.py: a host 30 s ahead answered 401 ASSIGN_PROOF_INVALID to every fresh proof).
         self._require_synchronised_clock()
-        self._prove_presence(request, sender, bearer, now)
+        await self._prove_presence(request, sender, bearer, now)
         decision = await self.limits.check("assign_sender", sender, "sender")
         if report is not None:
             report(decision)
@@ -125,12 +125,20 @@ class AssignService:
             raise ApiError(exc.code, detail=str(exc), details={"retryAfterMs": 5_000}) from None
 
     # Presence -----------------------------------------------------------------------------------------
-    def _prove_presence(self, request: AssignRequest, sender: str, bearer: str | None, now: int) -> None:
+    async def _prove_presence(
+        self, request: AssignRequest, sender: str, bearer: str | None, now: int
+    ) -> None:
         if bearer is not None and self.native_auth is not None:
             try:
-                identity = self.native_auth.verify(bearer)
+                identity = await self.native_auth.verify_async(bearer)
             except NativeAuthError as exc:
                 raise ApiError(exc.code, detail=exc.message) from None
+            except BlockUnavailable:
+                raise ApiError(
+                    "UPSTREAM_UNAVAILABLE",
+                    detail="the token's block could not be looked up on the chain",
+                    details={"retryAfterMs": 1_000},
+                ) from None
             if identity.address != sender:
                 raise ApiError(
                     "ASSIGN_PROOF_INVALID",

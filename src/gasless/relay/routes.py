@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from sse_starlette.sse import EventSourceResponse, ServerSentEvent
 
 from gasless.auth.deps import OptionalBearer, RelaySponsorKey, relay_sponsor
-from gasless.auth.native_auth import NativeAuthError
+from gasless.auth.native_auth import BlockUnavailable, NativeAuthError
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
 from gasless.errors import ApiError
@@ -55,9 +55,9 @@ async def _quote_account(request: Request) -> str | None:
     if host.native_auth is None or host.mirror is None:
         return None
     try:
-        identity = host.native_auth.verify(authorization[7:].strip())
+        identity = await host.native_auth.verify_async(authorization[7:].strip())
         paying = await host.mirror.paying_account(identity.address)
-    except (NativeAuthError, GatewayUnavailable, GatewayRejected):
+    except (NativeAuthError, BlockUnavailable, GatewayUnavailable, GatewayRejected):
         return None
     # Only an account on the contract (or one of its authorised senders) earns the account allowance:
     # anyone can mint native-auth tokens for fresh keys.
