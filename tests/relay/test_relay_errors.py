@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from multiversx_sdk import Address, Transaction, TransactionComputer, UserSecretKey
-from relay_kit import fund, localnet_post, send_direct
+from relay_kit import fund, key_in_shard, localnet_post, send_direct
 
 from gasless.app import purpose_keys
 from gasless.chain.addresses import address_of, parse_address, shard_of_pubkey
@@ -595,6 +595,24 @@ def test_contract_paused_for_a_free_deposit(
     tx = contract_call(env, sender, assignment, b"deposit", 10_000_000)
     body = problem(env.relay(tx, assignment["lease"]), "CONTRACT_PAUSED")
     assert body["details"]["scope"] == scope
+    nothing_sent(env, tx, "CONTRACT_PAUSED")
+
+
+@pytest.mark.parametrize("simulate", ["contract_calls", "never"])
+def test_contract_paused_for_a_billed_contract_call(
+    make_env: Any, problem: Any, nothing_sent: Any, simulate: str
+) -> None:
+    """A global pause stops every call to the contract before anything is co-signed, billed ones included
+    (a paying account's addSenders): not SIMULATION_FAILED, and with simulation off not co-signed and paid."""
+    env = make_env(simulate=simulate)
+    env.owner("setPaused", [True])
+    sender = env.new_sender(1)  # an account with a plan: the call is billed
+    assignment = env.assign(sender)
+    other = key_in_shard(1).generate_public_key().buffer
+    data = b"addSenders@0f4240@" + other.hex().encode()  # at most 1 USDC of sender fee, one sender
+    tx = contract_call(env, sender, assignment, data, 20_000_000)
+    body = problem(env.relay(tx, assignment["lease"]), "CONTRACT_PAUSED")
+    assert body["details"]["scope"] == "global"
     nothing_sent(env, tx, "CONTRACT_PAUSED")
 
 

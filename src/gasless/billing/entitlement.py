@@ -1,8 +1,10 @@
 """Entitlement on every relay: who pays, by which class, and the per-transaction admission policy.
 
 Order (docs/billing.md):
-1. a free operation (a call to the billing contract named in its `free_operations`) is `free` (the
-   contract's pause applies: CONTRACT_PAUSED), subject to the free-flow limits checked by the service;
+0. any call to the billing contract while it is paused for it (globally, or deposits for a deposit) is
+   CONTRACT_PAUSED before anything else, free or billed;
+1. a free operation (a call to the billing contract named in its `free_operations`) is `free`, subject to
+   the free-flow limits checked by the service;
 2. a sponsor key (`X-Api-Key`, verified by the route) pays for any sender: its account must hold the
    Builder tier or above, its receiver list and tighter limits apply, and token transfers other than
    fungible ESDT (NFT, SFT, Meta-ESDT, multi-token) are refused (SENDER_NOT_AUTHORIZED);
@@ -10,7 +12,9 @@ Order (docs/billing.md):
    names the sender as an authorised sender; neither is NO_ENTITLEMENT with a PAYMENT-REQUIRED header.
 The paying account must not be suspended (ACCOUNT_SUSPENDED); its running plan gives the rate class and
 the period cap (`plan`); without a usable plan, pay-as-you-go pays when enabled (`payg`), priced from the
-contract's RU price and capped by `max_payg_price` (PAYG_PRICE_ABOVE_MAX).
+contract's RU price and capped by `max_payg_price` (PAYG_PRICE_ABOVE_MAX). Pay-as-you-go spends the escrow,
+plus the credits when auto top-up is on (the contract refills the escrow from them as it settles). A
+refusal on this path says what the account holds and the command that lets it relay (billing.advice).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any, Protocol
 
 from multiversx_sdk import Transaction
 
+from gasless.billing.advice import Holdings
 from gasless.billing.decision import EntitlementDecision
 from gasless.billing.policy import FLAG_FUNCTIONS, MAX_DATA_BYTES_SELF_SERVE, AdmissionPolicy
 from gasless.billing.schedule import RU_SCHEDULE_V1, ru_for_gas_limit
@@ -86,6 +91,9 @@ class BillingEntitlement:
         function = function_of(tx)
         ru = _ru_of(tx)
         if contract is not None and tx.receiver.to_bech32() == contract:
+            # Every call to the contract, free or billed, stops here while it is paused for it: the call
+            # would revert (and with simulation off it would be co-signed and paid for).
+            await self._require_open(function, sender)
             config = (await self.mirror.config())[0]
             free_ops = {bytes(name).decode() for name in config.free_operations}
             if function in FLAG_FUNCTIONS and not await self.mirror.has_account(sender):
@@ -95,7 +103,6 @@ class BillingEntitlement:
                     sender, "NO_ACCOUNT", f"{sender} has no account in the contract: flag calls need one"
                 )
             if function in free_ops and free_allowed and not _renews_another(tx, function):
-                await self._require_open(function, sender)
                 return EntitlementDecision("free", sender, ru=0, function=function or None)
         if contract is None:
             raise await self._no_entitlement(sender, "NO_ACCOUNT", "no billing contract is configured")
@@ -111,10 +118,13 @@ class BillingEntitlement:
                 details={"reason": "not_an_authorised_sender", "account": account},
             )
         if paying is None:
+            holdings = Holdings.none(sender, await self._deposit_min())
             raise await self._no_entitlement(
                 sender,
                 "NO_ACCOUNT",
-                "the sender has no plan and is not an authorised sender; top up, or relay with a sponsor key",
+                f"{holdings.sentence()}, and no account names it as an authorised sender; "
+                f"{holdings.advice()}",
+                holdings.details(),
             )
         account, _relation = paying
         return await self._account_decision(tx, sender, account, "signed_tx", None, function, ru)
@@ -190,8 +200,9 @@ class BillingEntitlement:
     ) -> EntitlementDecision:
         view = await self.mirror.account(account)
         if view is None:
+            holdings = Holdings.none(account, await self._deposit_min())
             raise await self._no_entitlement(
-                sender, "NO_ACCOUNT", f"{account} has no account in the contract"
+                sender, "NO_ACCOUNT", f"{holdings.sentence()}; {holdings.advice()}", holdings.details()
             )
         if view.suspended:
             raise ApiError(
@@ -209,14 +220,33 @@ class BillingEntitlement:
         config = (await self.mirror.config())[0]
         price = int(config.ru_price_micro)
         payg = view.payg
+        tiers = await self.mirror.tiers()
+        running_tier = tiers.get(tier_id) if tier_id is not None else None
+        plan_name: str | None = None
+        if running is not None:
+            plan_name = (
+                bytes(running_tier.name).decode("utf-8", "replace")
+                if running_tier is not None
+                else f"tier {tier_id}"
+            )
+        holdings = Holdings(
+            account,
+            plan_name,
+            int(view.credits_micro),
+            int(view.escrow_micro),
+            bool(payg.enabled),
+            bool(payg.auto_topup),
+            max(int(config.deposit_min_micro), 1),
+        )
         payg_price: int | None = None
         payg_cap: int | None = None
         if bool(payg.enabled):
             payg_price = price
-            escrow = int(view.escrow_micro)
+            # With auto top-up the contract refills the escrow from credits when it settles a charge
+            # (docs/settlement.md): credits pay as well as the escrow.
+            funds = holdings.escrow_micro + (holdings.credits_micro if holdings.auto_topup else 0)
             budget = int(payg.budget_micro)
-            payg_cap = min(escrow, budget) if budget > 0 else escrow
-        tiers = await self.mirror.tiers()
+            payg_cap = min(funds, budget) if budget > 0 else funds
         if running is None:
             payg_tier = next((t for t in tiers.values() if bool(t.payg)), None)
             rate_class = int(payg_tier.rate_class) if payg_tier is not None else None
@@ -224,7 +254,9 @@ class BillingEntitlement:
                 raise await self._no_entitlement(
                     sender,
                     "NO_PLAN",
-                    f"{account} has no running plan and pay-as-you-go is off; buy a plan or enable it",
+                    f"{holdings.sentence()}: credits pay for relays only through the pay-as-you-go escrow; "
+                    f"{holdings.advice()}",
+                    holdings.details(),
                 )
             self._payg_price_ok(payg, payg_price)
             billing_class, period_id, included = "payg", None, None
@@ -236,7 +268,11 @@ class BillingEntitlement:
             if period_id is None:  # a block without a period (a pay-as-you-go tier) pays as it goes
                 if payg_price is None:
                     raise await self._no_entitlement(
-                        sender, "NO_PLAN", f"{account}'s plan is pay-as-you-go and pay-as-you-go is off"
+                        sender,
+                        "NO_PLAN",
+                        f"{holdings.sentence()}: its plan is pay-as-you-go, which pays only from the escrow; "
+                        f"{holdings.advice()}",
+                        holdings.details(),
                     )
                 self._payg_price_ok(payg, payg_price)
                 billing_class = "payg"
@@ -282,6 +318,7 @@ class BillingEntitlement:
             payg_cap_micro=payg_cap,
             api_key_id=api_key_id,
             function=function or None,
+            holdings=holdings.as_json(),
         )
 
     @staticmethod
@@ -293,17 +330,24 @@ class BillingEntitlement:
         if not self._payg_price_fits(payg, price):
             raise payg_price_above_max(price, int(payg.max_payg_price_micro))
 
-    async def _no_entitlement(self, sender: str, reason: str, detail: str) -> ApiError:
+    async def _deposit_min(self) -> int:
+        return max(int((await self.mirror.config())[0].deposit_min_micro), 1)
+
+    async def _no_entitlement(
+        self, sender: str, reason: str, detail: str, details: dict[str, Any] | None = None
+    ) -> ApiError:
         """NO_ENTITLEMENT with a complete x402 challenge for a top-up of the transaction's sender (the deposit
-        minimum), never for a sponsor key's account."""
+        minimum), never for a sponsor key's account. `details` adds what the account holds (billing.advice)."""
         headers: dict[str, str] = {}
         if self.challenges is not None:
-            amount = max(int((await self.mirror.config())[0].deposit_min_micro), 1)
+            amount = await self._deposit_min()
             headers["PAYMENT-REQUIRED"] = self.challenges.topup_header(sender, amount, error="NO_ENTITLEMENT")
-        return ApiError("NO_ENTITLEMENT", detail=detail, details={"reason": reason}, headers=headers)
+        return ApiError(
+            "NO_ENTITLEMENT", detail=detail, details={**(details or {}), "reason": reason}, headers=headers
+        )
 
     async def _require_open(self, function: str, sender: str) -> None:
-        """A free call to the contract is answered before any co-signature when it cannot work: the contract
+        """A call to the contract is answered before any co-signature when it cannot work: the contract
         paused for it (CONTRACT_PAUSED), or a deposit while the exchange venue is paused (SWAP_VENUE_PAUSED:
         a deposit swaps its gas share there). Both read now, not from a cache: a pause set a moment ago must
         stop the call before the co-signature (such calls are rare; their refusal must be exact)."""
