@@ -75,6 +75,19 @@ def test_deposit_then_subscribe_from_credits(env: Any) -> None:
     assert gift["contractCall"]["args"] == [friend.address]
 
 
+def test_a_quote_lives_at_most_120_000_ms_from_its_issue(env: Any) -> None:
+    """The spec's purchase quote validity is 120 000 ms: `expiresAtMs` is never further than that from the
+    moment the quote was given, and a client keeps more than 110 000 ms of it."""
+    buyer = env.new_sender(plan=False)
+    fund(env, buyer.address, usdc_micro=20_000_000)
+    for _ in range(3):
+        before = int(time.time() * 1000)
+        quote = subscribe(env, buyer.address, STARTER).json()["quote"]
+        after = int(time.time() * 1000)
+        assert quote["expiresAtMs"] <= before + 120_000 + (after - before), quote
+        assert quote["expiresAtMs"] - after > 110_000 - (after - before), quote
+
+
 def test_same_inputs_in_one_bucket_give_the_same_quote(env: Any, problem: Any) -> None:
     buyer = env.new_sender(plan=False)
     fund(env, buyer.address, usdc_micro=20_000_000)

@@ -187,6 +187,14 @@ def test_a_quote_mac_of_the_other_environment_does_not_verify(env: Any) -> None:
     check_nothing_cosigned(env, payer, payment_id)
 
 
+def test_a_challenge_never_allows_more_than_the_quote_validity(env: Any) -> None:
+    """`maxTimeoutSeconds` follows the quote's real end: at most 120 s (the spec's quote validity)."""
+    _, body = funded_payer(env)
+    required = challenge(env, body)
+    for entry in required.accepts:
+        assert 110 <= entry.max_timeout_seconds <= 120, entry
+
+
 def test_an_expired_quote_is_quote_expired(env: Any) -> None:
     payer, body = funded_payer(env)
     required = challenge(env, body)

@@ -1,10 +1,11 @@
 """Stateless quotes (design: Quote): an HMAC over the quote's RFC 8785 canonical JSON, including its TTL bucket
-`floor(nowMs / 120 000)`, under the environment's `quote` purpose key; the quote id is derived from the MAC.
+`floor(nowMs / 10 000)`, under the environment's `quote` purpose key; the quote id is derived from the MAC.
 
 The same inputs in one bucket give the same MAC and id on host `a` and host `b` (they share the master
-secret) and nothing is stored: a quote is verified by recomputing its MAC, never by lookup. A quote is valid
-until the end of the bucket after the one it was made in, so a client always holds at least 120 000 ms of
-validity (at most 240 000 ms).
+secret) and nothing is stored: a quote is verified by recomputing its MAC, never by lookup. A quote of a
+bucket is valid 120 000 ms from the bucket's start: never longer than 120 000 ms from its issue, and a client
+always holds more than 110 000 ms of validity (`expiresAtMs`, and x402's `maxTimeoutSeconds`, say its real
+end).
 """
 
 from __future__ import annotations
@@ -20,17 +21,18 @@ import rfc8785
 
 from gasless.crypto import PurposeKeys, b64url, b64url_decode
 
-QUOTE_VALIDITY_MS = 120_000
+QUOTE_VALIDITY_MS = 120_000  # the spec's purchase quote validity
+QUOTE_BUCKET_MS = 10_000  # same inputs, same quote within this; a client keeps > 110 000 ms of validity
 QUOTE_VERSION = 1
 
 
 def bucket_of(now_ms: int) -> int:
-    return now_ms // QUOTE_VALIDITY_MS
+    return now_ms // QUOTE_BUCKET_MS
 
 
 def expiry_of(bucket: int) -> int:
-    """A quote of `bucket` is valid until the end of the next bucket."""
-    return (bucket + 2) * QUOTE_VALIDITY_MS
+    """A quote of `bucket` is valid for QUOTE_VALIDITY_MS from the bucket's start."""
+    return bucket * QUOTE_BUCKET_MS + QUOTE_VALIDITY_MS
 
 
 @dataclass(frozen=True)

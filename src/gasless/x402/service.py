@@ -32,6 +32,7 @@ from gasless.chain.codec import WireError, signing_bytes, tx_from_wire, verify_e
 from gasless.errors import CATALOGUE, ApiError
 from gasless.mirror.repository import MirrorRepository
 from gasless.purchases.builder import Call
+from gasless.purchases.quotes import expiry_of
 from gasless.purchases.service import PurchaseService
 from gasless.relay.repository import IntentRepository
 from gasless.x402.challenges import Kind, PaymentTerms, VerifiedPayment, X402Challenges, invalid
@@ -178,7 +179,7 @@ class X402Service:
             raise ApiError(
                 "QUOTE_EXPIRED",
                 detail="the quote in `accepted` has expired; ask for a new challenge (retry without payment)",
-                details={"expiresAtMs": verified.bucket * 120_000 + 240_000, "quoteId": verified.quote_id},
+                details={"expiresAtMs": expiry_of(verified.bucket), "quoteId": verified.quote_id},
             )
         tx, wire = self._payment_transaction(verified)
         if verified.lease is None:
