@@ -53,4 +53,4 @@ def test_revoked_key_settles_its_in_flight_relay(env: Any, auth: Any) -> None:
     assert settled.state == "settled" and settled.intent_pk == row.intent_pk
     usage = env.client.get(f"/v1/usage/{in_flight['txHash']}", headers=auth.bearer(sponsor))
     assert usage.status_code == 200, usage.text
-    assert usage.json()["row"]["apiKeyId"] == key["keyId"] and usage.json()["row"]["billed"] is True
+    assert usage.json()["apiKeyId"] == key["keyId"] and usage.json()["billed"] is True

@@ -71,6 +71,6 @@ def test_payg_relay_is_billed_from_escrow(env: Any, auth: Any) -> None:
 
     detail = env.client.get(f"/v1/usage/{tx_hash}", headers=auth.bearer(account))
     assert detail.status_code == 200, detail.text
-    usage = detail.json()["row"]
+    usage = detail.json()
     assert usage["billingClass"] == "payg" and usage["paygMicro"] == SEED_RU_PRICE_MICRO
     assert usage["ru"] == 1 and usage["billed"] is True and usage["periodId"] is None

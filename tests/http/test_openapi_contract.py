@@ -497,7 +497,7 @@ def test_identifiers_are_documented_by_reference(document: dict[str, Any]) -> No
         ("RelayResponse", "txHash", "TxHash"),
         ("RelayResponse", "relayer", "Address"),
         ("Assignment", "relayer", "Address"),
-        ("UsageListRow", "id", "IntentId"),
+        ("UsageRow", "id", "IntentId"),
     ]
     for schema, member, target in members:
         assert schemas[schema]["properties"][member]["$ref"] == ref + target, (schema, member)

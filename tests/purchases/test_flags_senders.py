@@ -47,7 +47,7 @@ def usage_row(env: Any, owner: Any, tx_hash: str) -> dict[str, Any]:
         )
         answer = env.client.get(f"/v1/usage/{tx_hash}", headers={"Authorization": f"Bearer {token}"})
         if answer.status_code == 200:
-            return answer.json()["row"]  # type: ignore[no-any-return]
+            return answer.json()  # type: ignore[no-any-return]
         waiting = answer.status_code == 404 or answer.json().get("code") in ("TOKEN_INVALID", "TOKEN_EXPIRED")
         assert waiting and time.monotonic() < deadline, answer.text
         time.sleep(0.05)

@@ -108,7 +108,12 @@ def test_read_key_lists_and_single_row_with_settlement(env: Any, auth: Any, seed
     detail = _get(env, auth, owner, f"/v1/usage/{settled['tx_hash']}")
     assert detail.status_code == 200, detail.text
     body = detail.json()
-    assert body["row"]["txHash"] == settled["tx_hash"] and body["row"]["batchId"] == 7
+    # One UsageRow, its members at the top level (as the listing's items), and the settlement batch and the
+    # acknowledgements added by this route; the listing's items carry them null.
+    assert body["txHash"] == settled["tx_hash"] and body["batchId"] == 7 and "row" not in body
+    assert set(listed.json()["items"][0]) == set(body)
+    assert listed.json()["items"][0]["settlement"] is None
+    assert listed.json()["items"][0]["acknowledgements"] is None
     assert body["settlement"]["batchId"] == 7 and body["settlement"]["leafIndex"] == 3
     assert body["settlement"]["state"] == "committed" and body["settlement"]["usageRoot"] == "ab" * 32
     assert body["acknowledgements"] == [

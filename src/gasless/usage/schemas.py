@@ -16,10 +16,30 @@ BILLING_CLASSES: tuple[str, ...] = ("plan", "payg", "sponsor", "free")
 ROW_STATES: tuple[str, ...] = ("COSIGNED", "BROADCAST", "EXECUTED", "FINALIZED", "DEAD", "REJECTED")
 
 
-class UsageListRow(BaseModel):
-    """A usage row as `GET /v1/usage` lists it (and as UsageRow carries it in `row`): one terminal intent
-    of the ledger; with `includeInFlight=true` also an in-flight intent (`inFlight`) or a submission
-    refused before the commit point (`state: REJECTED`, `rejectCode`)."""
+class SettlementBatch(BaseModel):
+    batchId: int
+    state: Literal["built", "submitted", "committed", "failed"]
+    usageRoot: str = Field(description="hex SHA-256 Merkle root of the batch's ledger rows")
+    rowCount: int
+    totalRu: int
+    leafIndex: int | None
+    txHash: str | None = Field(description="the settleUsage transaction, once submitted")
+    createdAtMs: int
+    submittedAtMs: int | None
+    committedAtMs: int | None
+
+
+class GatewayAck(BaseModel):
+    gateway: str | None = Field(description="the acknowledging gateway when known (null: not recorded)")
+    atMs: int
+    first: bool
+
+
+class UsageRow(BaseModel):
+    """The spec's UsageRow: one terminal intent of the ledger, as `GET /v1/usage` lists it (with
+    `includeInFlight=true` also an in-flight intent, `inFlight`, or a submission refused before the commit
+    point, `state: REJECTED`, `rejectCode`) and as `GET /v1/usage/{txHash}` answers it, that route adding
+    `settlement` and `acknowledgements`."""
 
     txHash: TxHashDoc | None = Field(
         description="64-hex hash; null only for a REJECTED submission without one"
@@ -61,39 +81,20 @@ class UsageListRow(BaseModel):
     )
     rejectCode: str | None = None
     batchId: int | None = Field(default=None, description="the settlement batch, once the row is in one")
+    settlement: SettlementBatch | None = Field(
+        default=None,
+        description="`GET /v1/usage/{txHash}` only: the settlement batch the row is in (null before, and in "
+        "listings)",
+    )
+    acknowledgements: list[GatewayAck] | None = Field(
+        default=None,
+        description="`GET /v1/usage/{txHash}` only: the gateway acknowledgements kept (null in listings)",
+    )
 
 
 class UsageRowsPage(BaseModel):
-    items: list[UsageListRow]
+    items: list[UsageRow]
     nextCursor: str | None = Field(description="pass as `cursor` for the next page; null on the last page")
-
-
-class SettlementBatch(BaseModel):
-    batchId: int
-    state: Literal["built", "submitted", "committed", "failed"]
-    usageRoot: str = Field(description="hex SHA-256 Merkle root of the batch's ledger rows")
-    rowCount: int
-    totalRu: int
-    leafIndex: int | None
-    txHash: str | None = Field(description="the settleUsage transaction, once submitted")
-    createdAtMs: int
-    submittedAtMs: int | None
-    committedAtMs: int | None
-
-
-class GatewayAck(BaseModel):
-    gateway: str | None = Field(description="the acknowledging gateway when known (null: not recorded)")
-    atMs: int
-    first: bool
-
-
-class UsageRow(BaseModel):
-    """`GET /v1/usage/{txHash}` (the spec's UsageRow): the row, its settlement batch and the gateway
-    acknowledgements."""
-
-    row: UsageListRow
-    settlement: SettlementBatch | None
-    acknowledgements: list[GatewayAck]
 
 
 class LatencyPercentiles(BaseModel):

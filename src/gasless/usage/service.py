@@ -23,7 +23,6 @@ from gasless.usage.schemas import (
     LatencyPercentiles,
     SettlementBatch,
     UsageBucket,
-    UsageListRow,
     UsageRow,
     UsageRowsPage,
     UsageSummary,
@@ -36,10 +35,10 @@ BUCKET_MS = {"hour": 3_600_000, "day": 86_400_000}
 TOP_N = 10
 
 
-def ledger_row(row: Any, round_ms: int) -> UsageListRow:
+def ledger_row(row: Any, round_ms: int) -> UsageRow:
     billed = bool(row.billed)
     dead = row.status == "dead"
-    return UsageListRow(
+    return UsageRow(
         txHash=row.tx_hash,
         id=f"{row.sender}:{row.nonce}",
         sender=row.sender,
@@ -80,9 +79,9 @@ def ledger_row(row: Any, round_ms: int) -> UsageListRow:
     )
 
 
-def in_flight_row(row: Any, round_ms: int) -> UsageListRow:
+def in_flight_row(row: Any, round_ms: int) -> UsageRow:
     billing = row.billing if isinstance(row.billing, dict) else {}
-    return UsageListRow(
+    return UsageRow(
         txHash=row.tx_hash,
         id=f"{row.sender}:{row.nonce}",
         sender=row.sender,
@@ -120,8 +119,8 @@ def in_flight_row(row: Any, round_ms: int) -> UsageListRow:
     )
 
 
-def rejected_row(row: Any, round_ms: int) -> UsageListRow:
-    return UsageListRow(
+def rejected_row(row: Any, round_ms: int) -> UsageRow:
+    return UsageRow(
         txHash=row.tx_hash,
         id=f"{row.sender}:{row.nonce}",
         sender=row.sender,
@@ -245,7 +244,7 @@ class UsageService:
             else:
                 after_terminal = key
         round_ms = self.round_ms()
-        items: list[UsageListRow] = []
+        items: list[UsageRow] = []
         limit = params.limit
         if phase == "f":
             if self._in_flight_applies(filters):
@@ -309,19 +308,20 @@ class UsageService:
                         submittedAtMs=batch.submitted_at_ms,
                         committedAtMs=batch.committed_at_ms,
                     )
-            detail = UsageRow(
-                row=ledger_row(found, round_ms),
-                settlement=settlement,
-                acknowledgements=_acks(found.first_ack_gateway, found.broadcast_at_ms),
+            detail = ledger_row(found, round_ms).model_copy(
+                update={
+                    "settlement": settlement,
+                    "acknowledgements": _acks(found.first_ack_gateway, found.broadcast_at_ms),
+                }
             )
             return str(found.account or found.sender), detail
         intent = await self.repo.intent_by_hash(tx_hash)
         if intent is None or intent.state not in ("COSIGNED", "BROADCAST"):
             return None
-        detail = UsageRow(
-            row=in_flight_row(intent, round_ms),
-            settlement=None,
-            acknowledgements=_acks(getattr(intent, "first_ack_gateway", None), intent.broadcast_at_ms),
+        detail = in_flight_row(intent, round_ms).model_copy(
+            update={
+                "acknowledgements": _acks(getattr(intent, "first_ack_gateway", None), intent.broadcast_at_ms)
+            }
         )
         return str(intent_account(intent) or intent.sender), detail
 
