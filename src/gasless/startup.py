@@ -124,7 +124,7 @@ async def start_relay_core(
         signer.relayers(),
         min_balance_atto=settings.relayer_min_balance_atto,
         refresh_ms=settings.relayer_refresh_ms,
-        # The contract's getRelayers is the authority for relayer states (the database row follows it).
+        # The contract's getRelayerState is the authority for relayer states (the database row follows it).
         chain_states=mirror.relayer_states if settings.network.contract_address is not None else None,
     )
     await relayers.start()
@@ -206,6 +206,7 @@ async def start_relay_core(
         native_auth=native_auth,
         max_clock_offset_ms=settings.max_clock_offset_ms,
         limits=state.limits,
+        gateway=gateway,
     )
     relay = RelayService(
         RelayConfig(

@@ -4,7 +4,9 @@ measured statistics, never a balance; the state follows the contract (retired on
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from typing import Any
 
 from relay_kit import key_in_shard  # type: ignore[import-not-found]
@@ -72,6 +74,10 @@ def test_a_relayer_retired_on_chain_is_retired_in_the_registry_and_never_assigne
 
     entry = wait_for(retired, "the registry following the contract")
     assert entry["assignable"] is False
+    # The state came from the view the spec names as the authority, asked per relayer.
+    with urllib.request.urlopen(f"{env.localnet.url}/localnet/requests", timeout=5) as answer:
+        asked = json.loads(answer.read())["data"]["requests"]
+    assert asked.get("POST /vm-values/query getRelayerState", 0) > 0, asked
     change = entry["stateHistory"][-1]
     assert (change["fromState"], change["toState"], change["reason"]) == ("active", "retired", "contract")
     for _ in range(8):  # every new assignment in the shard goes to the other relayer

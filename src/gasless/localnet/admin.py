@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -19,7 +18,7 @@ from aiohttp import web
 
 from gasless.chain.addresses import METACHAIN, InvalidAddress, address_of, parse_address
 from gasless.localnet.chain import LocalChain
-from gasless.localnet.gateway import CHAIN_KEY, _dumps, fail, ok
+from gasless.localnet.gateway import CHAIN_KEY, REQUESTS_KEY, _dumps, fail, ok
 from gasless.localnet.state import Guardian
 
 ADMIN_PREFIX = "/localnet/"
@@ -57,8 +56,6 @@ class GatewayFaults:
 FAULTS_KEY: web.AppKey[GatewayFaults] = web.AppKey("faults", GatewayFaults)
 RNG_KEY: web.AppKey[random.Random] = web.AppKey("rng", random.Random)
 INFO_KEY: web.AppKey[dict[str, Any]] = web.AppKey("info", dict)
-# Requests this gateway received, by method and route ("GET /address/{address}"): what a client costs it.
-REQUESTS_KEY: web.AppKey[Counter[str]] = web.AppKey("requests", Counter)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

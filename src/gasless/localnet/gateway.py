@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections import Counter
 from typing import Any
 
 from aiohttp import web
@@ -20,6 +21,9 @@ from gasless.localnet.processing import NodeError
 from gasless.localnet.vm import ContractError, LogEvent
 
 CHAIN_KEY: web.AppKey[LocalChain] = web.AppKey("chain", LocalChain)
+# Requests this gateway received, by method and route ("GET /address/{address}"), and VM queries by function
+# ("POST /vm-values/query getRelayerState"): what a client costs it, and what it asks.
+REQUESTS_KEY: web.AppKey[Counter[str]] = web.AppKey("requests", Counter)
 
 
 def ok(data: Any) -> web.Response:
@@ -578,6 +582,8 @@ async def vm_query(request: web.Request) -> web.Response:
         function = str(body.get("funcName", ""))
     except (InvalidAddress, ValueError, TypeError):
         return fail("invalid query arguments")
+    if REQUESTS_KEY in request.app:
+        request.app[REQUESTS_KEY][f"POST /vm-values/query {function}"] += 1
     account = chain.world.peek(contract_pk)
     if account is None or account.contract is None:
         return fail("executeQuery: executeQuery: contract not found", status=400)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import structlog
@@ -164,17 +164,20 @@ class ContractMirror:
             return await load()
         return bool(await self._cache.get(("venue",), load, ttl_ms=1_000))
 
-    async def relayer_states(self) -> dict[str, tuple[str, int]]:
-        """Every relayer the contract knows: address -> (state `active`|`draining`|`retired`, since ms).
+    async def relayer_states(self, addresses: Sequence[str]) -> dict[str, tuple[str, int]]:
+        """The contract's state of each relayer, from `getRelayerState` (the authority the spec names): address
+        -> (state `active`|`draining`|`retired`, since ms); a relayer the contract does not know is left out.
         Read now (the relayer pool asks on its own refresh period)."""
-        views = await self._view("getRelayers")
-        items = views[0] if len(views) == 1 and isinstance(views[0], list) else views
-        states: dict[str, tuple[str, int]] = {}
-        for info in items:
-            raw = info.relayer if isinstance(info.relayer, bytes) else info.relayer.get_public_key()
+
+        async def one(address: str) -> tuple[str, tuple[str, int] | None]:
+            (info,) = await self._view("getRelayerState", [parse_address(address).get_public_key()])
+            if info is None:
+                return address, None
             name = str(getattr(info.state, "__name__", info.state)).lower()
-            states[address_of(bytes(raw)).to_bech32()] = (name, int(info.since_ms))
-        return states
+            return address, (name, int(info.since_ms))
+
+        answers = await asyncio.gather(*(one(address) for address in addresses))
+        return {address: state for address, state in answers if state is not None}
 
     async def rate_classes(self) -> dict[int, Any]:
         views = await self._cache.get(("rateClasses",), lambda: self._view("getRateClasses"), ttl_ms=10_000)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -47,7 +47,7 @@ class RelayerPool:
         *,
         min_balance_atto: int,
         refresh_ms: int = 5_000,
-        chain_states: Callable[[], Awaitable[dict[str, tuple[str, int]]]] | None = None,
+        chain_states: Callable[[Sequence[str]], Awaitable[dict[str, tuple[str, int]]]] | None = None,
     ) -> None:
         self.engine = engine
         self.gateway = gateway
@@ -139,7 +139,7 @@ class RelayerPool:
         if self.chain_states is None:
             return
         try:
-            on_chain = await self.chain_states()
+            on_chain = await self.chain_states(sorted(self.keys))
         except Exception as exc:  # a gateway blip: the last known states stay in force
             log.warning("relayer states unreadable from the contract", error=type(exc).__name__)
             return
