@@ -135,6 +135,7 @@ def test_settlement_end_to_end(make_env: Any, unpaused_localnet: Any, tmp_path: 
     assert early.status_code == 409, early.text
     body = early.json()
     assert body["details"]["batchId"] is None and body["retryable"] is True
+    assert body["code"] == "IDEMPOTENCY_IN_PROGRESS" and body["details"]["reason"] == "PROOF_PENDING"
     assert 0 < body["details"]["nextBatchDueMs"] - int(time.time() * 1000) <= 3_600_000
     assert int(early.headers["Retry-After"]) >= 1
     # Credentials come first, then the row, then the caller's right to it.

@@ -18,7 +18,8 @@ from gasless.mirror.events import plain
 from gasless.settlement.merkle import LEAF_DATA_BYTES, ProofStep, leaf_hash, root_from_path
 
 # The spec names no code for "row not yet committed in a root" and the catalogue is exactly the spec's:
-# the retryable 409 of the platform group is the closest (docs/settlement.md).
+# the retryable 409 of the platform group is the closest; `details.reason` says which case it is
+# (docs/usage.md, docs/settlement.md).
 PROOF_PENDING_CODE = "IDEMPOTENCY_IN_PROGRESS"
 
 
@@ -112,6 +113,9 @@ def not_committed(batch: dict[str, Any] | None, next_due_ms: int | None, now_ms:
         PROOF_PENDING_CODE,
         detail=detail,
         details={
+            # Tells this 409 from the code's first meaning (a request with the same Idempotency-Key still
+            # running): docs/usage.md.
+            "reason": "PROOF_PENDING",
             "batchId": batch["batch_id"] if batch is not None else None,
             "batchState": batch["state"] if batch is not None else None,
             "nextBatchDueMs": next_due_ms,
