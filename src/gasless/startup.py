@@ -338,6 +338,7 @@ async def start_relay_core(
             QuoteSigner(state.keys),
             challenges=challenges,
             flag_calls=gate.flag_calls if gate is not None else None,
+            billable=gate.billable if gate is not None else None,
             flag_limits=(settings.billing_free_flow_per_day, settings.billing_free_flow_per_30_days),
         )
         assert challenges is not None and state.mirror_repo is not None

@@ -88,6 +88,25 @@ def test_ten_free_flag_calls_then_the_eleventh_is_billed(env: Any) -> None:
     assert row["billed"] and row["function"] == "setAutoRenew" and row["ru"] == one["ru"]
 
 
+def test_past_the_free_flag_calls_an_account_that_cannot_be_billed_is_rate_limited(
+    env: Any, problem: Any
+) -> None:
+    """Purchase builders, flags rule: an address that cannot be billed gets 429 RATE_LIMITED with
+    `scope: free_flow` from the builder (retryable: the same request passes once its oldest free call leaves
+    the 24 h window), instead of a `free: false` transaction the relay would then bar."""
+    account = env.new_sender(plan=False)
+    deposit_credits(env, account, 5_000_000)  # an account with credits, no plan, no pay-as-you-go
+    for index in range(10):
+        one = flags(env, account.address, autoRenew=index % 2 == 0).json()["transactions"][0]
+        assert one["free"] is True
+        relayed_one(env, account, one)
+        account.nonce += 1
+    refused = problem(flags(env, account.address, autoRenew=True), "RATE_LIMITED")
+    assert refused["details"]["scope"] == "free_flow", refused
+    # The oldest of the ten leaves its 24 h window then: within a day, and not before the next minutes.
+    assert 23 * 3_600_000 < refused["details"]["retryAfterMs"] <= 24 * 3_600_000, refused
+
+
 def test_several_changes_in_order_at_consecutive_nonces(env: Any) -> None:
     account = env.new_sender()
     deposit_credits(env, account, 5_000_000)

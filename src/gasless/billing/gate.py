@@ -120,10 +120,29 @@ class BillingGate:
             )
         return EntitlementDecision("free", account, ru=0, function=decision.function)
 
-    async def flag_calls(self, account: str) -> tuple[int, int]:
-        """The account's free flag calls in the last 24 h and 30 days (what the flags builder prices by)."""
-        day, month, *_ = await self._counts(account, int(self.clock() * 1000))
-        return day, month
+    async def flag_calls(self, account: str) -> tuple[int, int, int]:
+        """The account's free flag calls in the last 24 h and 30 days (what the flags builder prices by), and
+        when the next one is free again once they are used up (ms; now when some are left)."""
+        now = int(self.clock() * 1000)
+        day, month, _, oldest_day, oldest_month = await self._counts(account, now)
+        limits = self.free_limits
+        free_again = now
+        if day >= limits.per_day:
+            free_again = max(free_again, oldest_day + DAY_MS)
+        if month >= limits.per_30_days:
+            free_again = max(free_again, oldest_month + MONTH_MS)
+        return day, month, free_again
+
+    async def billable(self, tx: Transaction, sender: str) -> bool:
+        """Whether a call past the free flag calls could be billed as a normal relay for `sender` (a paying
+        account whose plan or pay-as-you-go covers it)."""
+        try:
+            await self.entitlement.decide(tx, sender, None, free_allowed=False)
+        except ApiError as refusal:
+            if refusal.code in UNBILLABLE:
+                return False
+            raise
+        return True
 
     async def _counts(self, account: str, now: int) -> tuple[int, int, int, int, int]:
         free = (reservations.c.billing_class == "free") & (reservations.c.state != "released")

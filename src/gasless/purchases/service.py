@@ -13,10 +13,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
-from multiversx_sdk import Address
+from multiversx_sdk import Address, Transaction
 
+from gasless.billing.advice import usdc
 from gasless.billing.policy import FLAG_FUNCTIONS
 from gasless.billing.schedule import ru_for_gas_limit
+from gasless.chain.codec import tx_from_wire
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
 from gasless.errors import ApiError
 from gasless.mirror.views import ContractMirror
@@ -68,7 +70,8 @@ class PurchaseService:
         quotes: QuoteSigner,
         *,
         challenges: PurchaseChallenges | None = None,
-        flag_calls: Callable[[str], Awaitable[tuple[int, int]]] | None = None,
+        flag_calls: Callable[[str], Awaitable[tuple[int, int, int]]] | None = None,
+        billable: Callable[[Transaction, str], Awaitable[bool]] | None = None,
         flag_limits: tuple[int, int] = (10, 30),
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -76,7 +79,10 @@ class PurchaseService:
         self.builder = builder
         self.quotes = quotes
         self.challenges = challenges
-        self.flag_calls = flag_calls  # the account's free flag calls in 24 h and 30 days (billing/gate)
+        # The account's free flag calls in 24 h and 30 days and when one is free again (billing/gate), and
+        # whether a call past them can be billed.
+        self.flag_calls = flag_calls
+        self.billable = billable
         self.flag_limits = flag_limits  # free flag calls per 24 h and per 30 days
         self.clock = clock
 
@@ -140,13 +146,15 @@ class PurchaseService:
         if amount < minimum:
             raise ApiError(
                 "DEPOSIT_BELOW_MIN",
-                detail=f"a deposit is at least {minimum} micro-USDC",
+                detail=f"a deposit is at least {usdc(minimum)} USDC ({minimum} micro-USDC); this one is "
+                f"{usdc(amount)} USDC",
                 details={"minMicroUsdc": minimum, "amountMicroUsdc": amount},
             )
         if maximum and amount > maximum:
             raise ApiError(
                 "DEPOSIT_ABOVE_MAX",
-                detail=f"a deposit is at most {maximum} micro-USDC",
+                detail=f"a deposit is at most {usdc(maximum)} USDC ({maximum} micro-USDC); this one is "
+                f"{usdc(amount)} USDC",
                 details={"maxMicroUsdc": maximum, "amountMicroUsdc": amount},
             )
         share = amount * int(config.swap_share_bps) // BPS
@@ -199,7 +207,8 @@ class PurchaseService:
         if max_price is not None and price > max_price:
             raise ApiError(
                 "PRICE_ABOVE_MAX",
-                detail=f"the price is {price} micro-USDC, above the {max_price} asked for",
+                detail=f"the price is {usdc(price)} USDC ({price} micro-USDC), above the {usdc(max_price)} "
+                f"USDC ({max_price} micro-USDC) asked for",
                 details={"priceMicroUsdc": price, "maxPriceMicroUsdc": max_price},
             )
         account = await self.account_view(payer)
@@ -217,8 +226,8 @@ class PurchaseService:
         if pay_with == "credits" and credits < price:
             raise ApiError(
                 "INSUFFICIENT_CREDITS",
-                detail=f"the account's credits ({credits} micro-USDC) do not cover the price ({price}); top "
-                "up, or pay with USDC",
+                detail=f"the account's credits ({usdc(credits)} USDC) do not cover the price ({usdc(price)} "
+                "USDC); top up, or pay with USDC",
                 details={"creditsMicroUsdc": credits, "priceMicroUsdc": price},
                 headers=await self._purchase_challenge(request.payer, request.tierId, request.months, price),
             )
@@ -354,16 +363,37 @@ class PurchaseService:
                 )
         config = await self.config()
         free_ops = self.free_operations(config)
-        day, month = await self.flag_calls(address) if self.flag_calls is not None else (0, 0)
+        now = self.now_ms()
+        day, month, free_again = (
+            await self.flag_calls(address) if self.flag_calls is not None else (0, 0, now)
+        )
         per_day, per_month = self.flag_limits
         kinds: list[tuple[bool, int | None]] = []
+        past_allowance = False
         for call in calls:
             own = call.function != "renew" or target == address
-            free = call.function in free_ops and own and day < per_day and month < per_month
+            within = day < per_day and month < per_month
+            free = call.function in free_ops and own and within
             if free and call.function in FLAG_FUNCTIONS:
                 day, month = day + 1, month + 1
+            past_allowance = past_allowance or (call.function in FLAG_FUNCTIONS and own and not within)
             kinds.append((free, None))
         prepared, assignment = await self.builder.build(address, calls, kinds=kinds)
+        if past_allowance and self.billable is not None:
+            # Purchase builders, flags rule: past the free flag calls an address that cannot be billed is
+            # refused as a rate limit of the free flow, for as long as its oldest free call still counts.
+            first = next(p for p in prepared if not p.free)
+            probe = tx_from_wire({**first.transaction.model_dump(), "signature": "00" * 64})
+            if not await self.billable(probe, address):
+                retry_ms = max(1, free_again - now)
+                raise ApiError(
+                    "RATE_LIMITED",
+                    detail=f"{address} used its free flag calls ({per_day} per 24 h, {per_month} per 30 "
+                    "days) and has no plan or pay-as-you-go to bill this one: wait until the oldest one "
+                    "leaves its window, or buy a plan",
+                    details={"scope": "free_flow", "retryAfterMs": retry_ms, "account": address},
+                    headers={"Retry-After": str(-(-retry_ms // 1000))},
+                )
         return PreparedTransactions(
             transactions=[self._priced(one) for one in prepared], assignment=assignment
         )
@@ -401,8 +431,8 @@ class PurchaseService:
         if credits < fee:
             raise ApiError(
                 "INSUFFICIENT_CREDITS",
-                detail=f"adding {len(new)} sender(s) costs {fee} micro-USDC of credits; the account holds "
-                f"{credits}: top up first",
+                detail=f"adding {len(new)} sender(s) costs {usdc(fee)} USDC of credits; the account holds "
+                f"{usdc(credits)} USDC: top up first",
                 details={"creditsMicroUsdc": credits, "priceMicroUsdc": fee},
                 headers=(
                     {
