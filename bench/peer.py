@@ -1,10 +1,10 @@
 """The peer relayer side by side: this service and the OpenClaw relayer on one localnet, one load generator.
 
 The relayer our users would otherwise pick is the open-source TypeScript relayer the starter kit talks to
-(`sergiuosvat/multiversx-openclaw-relayer`: Express, one simulate and one send per relay, a SQLite quota row).
-Its source is not part of this repository: obtain it (the search tool's `fetch` gives a git directory; `git
-archive HEAD | tar -x -C DIR`), and this benchmark builds it in DIR with its own `npm ci && npm run build` when
-`DIR/dist/index.js` is missing.
+(https://github.com/sergiuosvat/multiversx-openclaw-relayer: Express, one simulate and one send per relay, a
+SQLite quota row). Its source is not part of this repository: clone it into DIR (`git clone
+https://github.com/sergiuosvat/multiversx-openclaw-relayer DIR`), and this benchmark builds it in DIR with its
+own `npm ci && npm run build` when `DIR/dist/index.js` is missing.
 
 One `gasless localnet` (600 ms rounds) serves both. Each run starts one relayer alone (this service on
 SQLite, one process, `gasless serve`; or the peer, `node dist/index.js`, with one wallet per shard taken from
@@ -22,7 +22,7 @@ per relay. At the end every answered transaction is looked up on localnet (execu
 ratios are printed against the targets (relays/s >= 2x the peer's, CPU per relay <= half, p99 at the same
 offered load below the peer's).
 
-    .venv/bin/python bench/peer.py --peer-dir /work/peer/openclaw --relays 2000 --senders 32 --concurrency 32
+    .venv/bin/python bench/peer.py --peer-dir DIR --relays 2000 --senders 32 --concurrency 32 --pairs 3
 """
 
 from __future__ import annotations

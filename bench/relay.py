@@ -562,7 +562,7 @@ def sample_path(args: argparse.Namespace, phase: str, unbilled: bool) -> str:
 class PhaseSampler:
     """py-spy (on PATH, not a project dependency) recording one process's stacks until stopped: 250 Hz, every
     thread, collapsed stacks (`-f raw`) to aggregate with any flame-graph tool. Only samples of the thread
-    holding the GIL (`--gil`): the Python work. On this workplace's VMs py-spy cannot tell an idle thread
+    holding the GIL (`--gil`): the Python work. On some VMs py-spy cannot tell an idle thread
     (a worker waiting on its queue) from a running one, so without it every waiting thread counts as busy;
     C work that releases the GIL (SQLite's statements, the signature checks) is left out."""
 

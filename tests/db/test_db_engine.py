@@ -91,7 +91,7 @@ async def test_postgresql_pool_keeps_every_connection_and_reuses_the_latest(post
     """Thirty requests at once, twice: the second burst reuses the first burst's connections. Connections
     beyond the kept ones (a pool of 10, later 20 plus 10 of overflow) were closed at every return and opened
     again at the next burst: under load a new backend (and TLS handshake) every few relays, which doubled
-    the CPU per relay on PostgreSQL (docs/performance.md, thirteenth and fifteenth sessions). Then one
+    the CPU per relay on PostgreSQL (docs/performance.md, PostgreSQL). Then one
     request at a time: each takes the connection returned last, so a quiet spell leaves the others idle
     instead of rotating through all of them."""
     engine = create_engine(postgres_url)

@@ -53,7 +53,7 @@ def make_env(tmp_path: Path, unpaused_localnet: Any) -> Iterator[Callable[..., R
 
 
 # Error-path helpers (test_relay_errors, test_relay_bad_input, test_assign_errors) ------------------------
-# The oracle is the spec's table (interface-spec "Errors"), not the service's catalogue:
+# The oracle is this table, kept by hand apart from the service's catalogue (published as docs/errors.json):
 # code -> (HTTP status, retryable, resign or None outside the relay group, required `details` members).
 SPEC_ERRORS: dict[str, tuple[int, bool, str | None, tuple[str, ...]]] = {
     "MALFORMED_REQUEST": (400, False, "NONE", ("field",)),

@@ -1,4 +1,4 @@
-"""The RU schedule: Relay Units charged per transaction, by gas limit (design.md, schedule v1)."""
+"""The RU schedule: Relay Units charged per transaction, by gas limit (schedule v1, docs/purchases.md)."""
 
 from __future__ import annotations
 

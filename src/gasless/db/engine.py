@@ -25,8 +25,8 @@ SQLITE_BUSY_TIMEOUT_MS = 5_000
 # A pooled PostgreSQL connection back in use within this many seconds of its return is handed out without
 # a ping (HikariCP's alive-bypass window, 500 ms, is the precedent). Under load every connection is back
 # within milliseconds, and a ping at every checkout was a quarter of the service's round trips to
-# PostgreSQL (docs/performance.md, fourteenth session). One idle for longer, as after a server restart in a
-# quiet hour, is pinged first and, when dead, replaced along with every connection older than it.
+# PostgreSQL (docs/performance.md, PostgreSQL). One idle for longer, as after a server restart in a quiet
+# hour, is pinged first and, when dead, replaced along with every connection older than it.
 PING_AFTER_IDLE_S = 0.5
 _RETURNED_AT = "gasless_returned_at"
 # Execution options read by the SQLite "begin" listener (ignored on PostgreSQL).
@@ -53,7 +53,7 @@ def create_engine(
         # Connections are in autocommit unless a transaction is asked for (`transactional`: every write
         # path does). A read then costs its statement alone, not BEGIN, the statement and the ROLLBACK on
         # return: three statements on the server and three round trips for one (docs/performance.md,
-        # target 5). Under READ COMMITTED each statement of a transaction takes its own snapshot anyway,
+        # PostgreSQL). Under READ COMMITTED each statement of a transaction takes its own snapshot anyway,
         # so a read of several statements sees nothing different outside one.
         engine = create_async_engine(
             url,
@@ -64,7 +64,7 @@ def create_engine(
             # overflow, 60-100 sessions in a 1 536-relay run against 40 now). Last in, first out: a burst
             # opens what it needs and a quiet spell leaves the rest idle, instead of rotating through all
             # of them. The cap stays 30 a host: two hosts stay below PostgreSQL's default 100 connections
-            # (docs/performance.md, thirteenth and fifteenth sessions).
+            # (docs/performance.md, PostgreSQL).
             pool_size=30,
             max_overflow=0,
             pool_use_lifo=True,

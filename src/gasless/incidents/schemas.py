@@ -8,7 +8,7 @@ from pydantic import BaseModel, Field
 
 from gasless.http.pages import Page
 
-# design.md section 4: the Statuspage vocabulary.
+# The Statuspage vocabulary (docs/incidents.md).
 IncidentStatus = Literal["investigating", "identified", "monitoring", "resolved"]
 INCIDENT_STATUSES: tuple[str, ...] = get_args(IncidentStatus)
 OPEN_STATUSES: tuple[str, ...] = tuple(s for s in INCIDENT_STATUSES if s != "resolved")

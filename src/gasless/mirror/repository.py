@@ -24,7 +24,7 @@ from gasless.mirror.events import ContractEvent, camel
 
 CURSOR_KEY = "mirror.cursor"
 
-# Event -> PurchaseKind (design.md §4). `queuedBlockCredited` is folded into the purchase or grant row of
+# Event -> PurchaseKind (docs/mirror.md). `queuedBlockCredited` is folded into the purchase or grant row of
 # the same transaction (it is the credit-back half of an upgrade).
 PURCHASE_EVENTS = {
     "deposit": "deposit",
