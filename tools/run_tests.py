@@ -2,6 +2,10 @@
 
 PostgreSQL (127.0.0.1:5432) and Redis (127.0.0.1:6379) are probed first. A suite whose server does not
 answer is skipped, and this script says so loudly at the start and at the end of the run.
+
+The MCP tests also drive the server with official TypeScript clients (tests/mcp/js): they are installed
+here from their lock file (`npm ci`, again only when the lock file changed since); without Node.js and npm,
+or when the registry cannot be reached, those tests are skipped, and this script says so the same way.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ POSTGRES_URL = os.environ.get(
     "GASLESS_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 )
 REDIS_URL = os.environ.get("GASLESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+JS_CLIENTS = ROOT / "tests" / "mcp" / "js"
+NPM_TIMEOUT_S = 600
 
 
 def answers(host: str, port: int) -> bool:
@@ -27,6 +33,39 @@ def answers(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+def install_js_clients() -> str | None:
+    """`npm ci` the MCP test clients when their lock file changed since the last install; None when they
+    are installed, else the line saying why their tests are skipped."""
+    skipped = "MCP TypeScript client tests SKIPPED"
+    npm, node = shutil.which("npm"), shutil.which("node")
+    if npm is None or node is None:
+        return f"{skipped}: no {'node' if node is None else 'npm'} (apt-get install nodejs npm)"
+    lock = JS_CLIENTS / "package-lock.json"
+    installed = JS_CLIENTS / "node_modules" / ".package-lock.json"  # npm writes it at each install
+    if installed.exists() and installed.stat().st_mtime >= lock.stat().st_mtime:
+        return None
+    command = [npm, "ci", "--prefix", str(JS_CLIENTS), "--ignore-scripts", "--no-audit", "--no-fund"]
+    print(f"installing the MCP test clients: npm ci --prefix {JS_CLIENTS.relative_to(ROOT)}", flush=True)
+    try:
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=NPM_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"{skipped}: npm ci did not finish in {NPM_TIMEOUT_S} s (is the npm registry reachable?)"
+    if done.returncode != 0:
+        # npm's error code, and its first sentence (not the `syscall`/`errno` lines or the log's path).
+        said = [
+            line.removeprefix("npm error").strip()
+            for line in done.stderr.splitlines()
+            if line.startswith("npm error")
+        ]
+        code = next((line.split()[1] for line in said if line.startswith("code ")), "")
+        sentence = next(
+            (line for line in said if len(line.split()) >= 4 and not line.startswith("A complete log")), ""
+        )
+        why = ": ".join(part for part in (code, sentence) if part) or f"exit status {done.returncode}"
+        return f"{skipped}: npm ci --prefix tests/mcp/js failed ({why})"
+    return None
 
 
 def banner(lines: list[str]) -> str:
@@ -51,13 +90,20 @@ def main() -> int:
 
     if not shutil.which("chromium"):
         skipped.append("Browser test SKIPPED: no chromium (apt install chromium) for the status site page")
+    js_skipped = install_js_clients()
+    if js_skipped is not None:
+        skipped.append(js_skipped)
     lint = subprocess.call(
         [sys.executable, "-m", "ruff", "check", "--quiet", "src", "tests", "bench", "tools"], cwd=ROOT
     )
     if lint != 0:
         print("ruff check failed: fix the findings above (or run `.venv/bin/ruff check --fix`).", flush=True)
         return lint
-    notice = banner(skipped) if skipped else "PostgreSQL and Redis suites: enabled (servers answered)."
+    notice = (
+        banner(skipped)
+        if skipped
+        else "PostgreSQL and Redis suites, browser and MCP TypeScript client tests: enabled."
+    )
     print(notice, flush=True)
     args = [sys.executable, "-m", "pytest", *sys.argv[1:]]
     code = subprocess.call(args, cwd=ROOT, env=env)

@@ -9,7 +9,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +26,18 @@ unpaused_localnet = relay_env.unpaused_localnet
 problem = relay_env.problem
 
 
-class Served:
-    """An API host served by uvicorn from a thread, on a free port, until the test ends."""
+def reserved_port() -> socket.socket:
+    """A free port, bound and not listening: until a server listens on it, a connection is refused."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
 
-    def __init__(self, app: Any) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
+
+class Served:
+    """An API host served by uvicorn from a thread, on a free port (or on `sock`), until the test ends."""
+
+    def __init__(self, app: Any, sock: socket.socket | None = None) -> None:
+        self.sock = sock or reserved_port()
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
@@ -63,14 +69,38 @@ def api(unpaused_localnet: Any, tmp_path: Path) -> Iterator[tuple[Served, Any]]:
         yield served, kit.RelayEnv(None, unpaused_localnet, settings, contract)
 
 
+@pytest.fixture
+def late_api(
+    unpaused_localnet: Any, tmp_path: Path
+) -> Iterator[tuple[str, Callable[[], Served], StdioServerParameters]]:
+    """The URL of an API not started yet (its port reserved: a connection is refused), the function that
+    starts it there, and `gasless mcp --api URL`."""
+    kit = sys.modules["gasless_tests_relay_conftest"]
+    settings = kit.relay_settings(tmp_path, unpaused_localnet)
+    sock = reserved_port()
+    with contextlib.ExitStack() as stack:
+        stack.callback(sock.close)
+
+        def serve() -> Served:
+            return stack.enter_context(Served(create_app(settings, route_limits=unthrottled_limits()), sock))
+
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        yield url, serve, stdio_server(url)
+
+
+def stdio_server(api_url: str) -> StdioServerParameters:
+    """`gasless mcp --api api_url`, as an MCP host starts it."""
+    return StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "gasless.cli", "mcp", "--api", api_url],
+        env=dict(os.environ),  # the error-coverage recorder's file among them
+    )
+
+
 @pytest.fixture(params=["http", "stdio"])
 def transport(request: pytest.FixtureRequest, api: tuple[Served, Any]) -> Any:
     """What the SDK's `Client` connects to: the host's `/mcp`, or a `gasless mcp` subprocess."""
     served, _ = api
     if request.param == "http":
         return f"{served.url}/mcp"
-    return StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "gasless.cli", "mcp", "--api", served.url],
-        env=dict(os.environ),  # the error-coverage recorder's file among them
-    )
+    return stdio_server(served.url)

@@ -1,6 +1,7 @@
 """The MCP server through the SDK's own client, over streamable HTTP (`/mcp` on a real host) and over stdio
 (a real `gasless mcp` process): tools and resources, validation, batches of 16 to finality, mixed and
-oversized batches, and `relay://pricing` byte for byte as `GET /v1/pricing`."""
+oversized batches, `relay://pricing` byte for byte as `GET /v1/pricing`, tool errors as problem documents
+(arguments of the wrong shape included), typed schemas, and `gasless mcp` started before its API."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from typing import Any
 import anyio
 import requests
 from mcp import Client
+
+from gasless.errors import CATALOGUE
+from gasless.mcp.schemas import STANDARD_FORMATS
 
 TOOLS = {"validate_transaction", "relay_batch", "assign_relayer", "quote", "get_intent", "get_network"}
 
@@ -30,6 +34,49 @@ def with_client(transport: Any, work: Any) -> Any:
 
 def body(tx: Any, lease: str) -> dict[str, Any]:
     return {"tx": tx.to_dictionary(), "lease": lease}
+
+
+def problem_of(result: Any, code: str) -> dict[str, Any]:
+    """A tool error: `isError`, no structured content, its text the RFC 9457 problem document of `code`."""
+    assert result.is_error, result
+    assert result.structured_content is None, result
+    problem = json.loads(result.content[0].text)
+    assert problem["code"] == code, problem
+    assert problem["status"] == CATALOGUE[code].status
+    assert problem["type"].endswith("/errors/" + CATALOGUE[code].slug) and problem["title"]
+    assert problem["instance"].startswith("req_"), problem
+    return dict(problem)
+
+
+# The keywords that constrain a value (JSON Schema 2020-12), as MCP hosts' schema linters count them.
+CONSTRAINING = {
+    *("type", "enum", "const", "pattern", "format", "minimum", "maximum", "minLength", "maxLength"),
+    *("items", "prefixItems", "minItems", "maxItems", "properties", "required", "additionalProperties"),
+    *("anyOf", "oneOf", "allOf", "not", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"),
+}
+
+
+def untyped_nodes(schema: Any, path: str = "") -> list[str]:
+    """Every schema node of `schema` that accepts any value, every `$ref`, every format of our own."""
+    found: list[str] = []
+    if not isinstance(schema, dict):
+        return [f"{path}: {schema!r} is not a schema object"]
+    if not CONSTRAINING & set(schema):
+        found.append(f"{path}: no type")
+    if "$ref" in schema:
+        found.append(f"{path}: $ref")
+    if isinstance(schema.get("format"), str) and schema["format"] not in STANDARD_FORMATS:
+        found.append(f"{path}: format {schema['format']}")
+    for key in ("properties", "patternProperties", "$defs"):
+        for name, sub in schema.get(key, {}).items():
+            found += untyped_nodes(sub, f"{path}.{key}.{name}")
+    for key in ("anyOf", "oneOf", "allOf", "prefixItems"):
+        for index, sub in enumerate(schema.get(key, [])):
+            found += untyped_nodes(sub, f"{path}.{key}[{index}]")
+    for key in ("items", "not", "additionalProperties"):
+        if isinstance(schema.get(key), dict):
+            found += untyped_nodes(schema[key], f"{path}.{key}")
+    return found
 
 
 async def assign(client: Any, env: Any, sender: Any) -> dict[str, Any]:
@@ -61,6 +108,39 @@ def test_tools_and_resources_are_listed_with_the_routes_schemas(transport: Any, 
     assert tools["get_intent"].output_schema["properties"]["state"]
 
 
+def test_every_schema_node_is_typed(transport: Any, api: Any) -> None:
+    """Inputs and outputs: no node that accepts anything, no `$ref`, no format a validator does not know;
+    the output schemas are the routes' success schemas, their Address/TxHash/IntentId members with their
+    patterns."""
+
+    async def work(client: Any) -> Any:
+        return {tool.name: tool for tool in (await client.list_tools()).tools}
+
+    tools = with_client(transport, work)
+    for name, tool in tools.items():
+        assert tool.output_schema is not None and tool.output_schema["type"] == "object", name
+        assert untyped_nodes(tool.input_schema, f"{name}.input") == []
+        assert untyped_nodes(tool.output_schema, f"{name}.output") == []
+    validate_request = tools["validate_transaction"].input_schema["properties"]["request"]["properties"]
+    assert {"type": "string", "minLength": 1, "maxLength": 2048} in validate_request["lease"]["anyOf"]
+    assert {"type": "null"} in validate_request["intentKey"]["anyOf"]
+    intent = tools["get_intent"].output_schema["properties"]
+    assert intent["id"]["pattern"].startswith("^erd1") and intent["sender"]["pattern"].startswith("^erd1")
+    assert intent["txHash"]["anyOf"][0]["pattern"] == "^[0-9a-fA-F]{64}$"
+    assert tools["assign_relayer"].output_schema["properties"]["relayer"]["type"] == "string"
+    outcome = tools["relay_batch"].output_schema["properties"]["results"]["items"]
+    assert outcome["properties"]["problem"]["properties"]["code"]["enum"] == list(CATALOGUE)
+    assert outcome["properties"]["relay"]["required"] == [
+        "id",
+        "txHash",
+        "state",
+        "duplicate",
+        "relayer",
+        "intent",
+        "billing",
+    ]
+
+
 def test_validate_a_bad_transaction(transport: Any, api: Any) -> None:
     _, env = api
     sender = env.new_sender()
@@ -76,8 +156,40 @@ def test_validate_a_bad_transaction(transport: Any, api: Any) -> None:
     bad, malformed = with_client(transport, work)
     assert not bad.is_error and bad.structured_content["ok"] is False
     assert [p["code"] for p in bad.structured_content["problems"]] == ["SENDER_SIGNATURE_INVALID"]
-    assert malformed.is_error and malformed.structured_content["code"] == "MALFORMED_REQUEST"
-    assert malformed.structured_content["status"] == 400
+    assert json.loads(bad.content[0].text) == bad.structured_content  # the same JSON as text
+    problem_of(malformed, "MALFORMED_REQUEST")
+
+
+def test_arguments_of_the_wrong_shape_are_problem_documents(transport: Any, api: Any) -> None:
+    """What the tool's input schema refuses never reaches a route: MALFORMED_REQUEST naming the argument."""
+
+    async def work(client: Any) -> Any:
+        calls = {
+            "request": ("validate_transaction", {"request": "not an object"}),
+            "missing": ("validate_transaction", {}),
+            "requests": ("relay_batch", {"requests": {"tx": {}}}),
+            "id": ("get_intent", {"id": 7}),
+            "quote": ("quote", {"request": ["a", "list"]}),
+        }
+        answers = {label: await client.call_tool(tool, args) for label, (tool, args) in calls.items()}
+        answers["unknown"] = await client.call_tool("relay_everything", {})
+        return answers
+
+    answers = with_client(transport, work)
+    fields = {
+        label: problem_of(answers[label], "MALFORMED_REQUEST") for label in answers if label != "unknown"
+    }
+    assert {label: p["details"]["field"] for label, p in fields.items()} == {
+        "request": "request",
+        "missing": "request",
+        "requests": "requests",
+        "id": "id",
+        "quote": "request",
+    }
+    assert "https://errors.pydantic.dev" not in json.dumps(fields)
+    assert "Field required" in fields["missing"]["detail"]
+    unknown = problem_of(answers["unknown"], "NOT_FOUND")
+    assert "relay_batch" in unknown["detail"]  # the tools it does have
 
 
 def test_a_batch_of_16_relays_to_finality(transport: Any, api: Any) -> None:
@@ -151,9 +263,12 @@ def test_a_batch_of_17_is_refused_whole(transport: Any, api: Any) -> None:
         return await client.call_tool("relay_batch", {"requests": batch}), empty
 
     result, empty = with_client(transport, work)
-    assert result.is_error and result.structured_content["code"] == "MALFORMED_REQUEST"
-    assert result.structured_content["details"] == {"field": "requests", "limit": 16, "actual": 17}
-    assert empty.is_error and empty.structured_content["details"]["actual"] == 0
+    assert problem_of(result, "MALFORMED_REQUEST")["details"] == {
+        "field": "requests",
+        "limit": 16,
+        "actual": 17,
+    }
+    assert problem_of(empty, "MALFORMED_REQUEST")["details"]["actual"] == 0
     # Nothing was relayed: not even the first of the 17.
     assert requests.get(f"{served.url}/v1/intents/{sender.address}/0", timeout=5).status_code == 404
 
@@ -188,7 +303,7 @@ def test_quote_and_network_tools(transport: Any, api: Any) -> None:
     quote, network, missing = with_client(transport, work)
     assert quote.structured_content["ru"] == "1" and not quote.is_error
     assert network.structured_content["chainId"] == "localnet"
-    assert missing.is_error and missing.structured_content["code"] == "NOT_FOUND"
+    assert problem_of(missing, "NOT_FOUND")["detail"].startswith("no intent")
 
 
 def sponsor_key(served: Any, owner: Any) -> str:
@@ -236,3 +351,32 @@ def test_a_sponsor_key_pays_for_relays_made_through_mcp(transport: Any, api: Any
     assert relayed["status"] in (200, 202), relayed
     assert relayed["relay"]["billing"]["authMode"] == "api_key"
     assert relayed["relay"]["billing"]["account"] == owner.address
+
+
+def test_gasless_mcp_starts_before_its_api_and_answers_once_it_does(late_api: Any) -> None:
+    """An MCP host starts `gasless mcp` before the API: the server starts anyway, lists its tools, answers
+    each call UPSTREAM_UNAVAILABLE (a problem document), and answers for real once the API is up, in the
+    same session (the API is probed in the background)."""
+    url, serve, stdio = late_api
+
+    async def work(client: Any) -> Any:
+        tools = {tool.name for tool in (await client.list_tools()).tools}
+        before = await client.call_tool("get_network", {})
+        batch = await client.call_tool("relay_batch", {"requests": [{"tx": {}}]})
+        errors = await client.read_resource("relay://errors")  # local: answered whatever the API does
+        await anyio.to_thread.run_sync(serve)
+        deadline = time.monotonic() + 30
+        while True:
+            after = await client.call_tool("get_network", {})
+            if not after.is_error or time.monotonic() > deadline:
+                return tools, before, batch, errors, after
+            await anyio.sleep(0.1)
+
+    tools, before, batch, errors, after = with_client(stdio, work)
+    assert tools == TOOLS
+    problem = problem_of(before, "UPSTREAM_UNAVAILABLE")
+    assert url in problem["detail"] and 0 < problem["details"]["retryAfterMs"] <= 2_000
+    problem_of(batch, "UPSTREAM_UNAVAILABLE")  # the whole batch, not each item
+    assert json.loads(errors.contents[0].text)["errors"]
+    assert not after.is_error, after
+    assert after.structured_content["chainId"] == "localnet"

@@ -1,18 +1,111 @@
 """`/mcp` on an API host: the MCP server's streamable HTTP endpoint, its tools calling this host's routes in
-process. The parent app's lifespan runs the MCP session manager (a mounted app's own lifespan never runs)."""
+process. The parent app's lifespan runs the MCP session manager (a mounted app's own lifespan never runs).
+
+`POST /mcp` (and `DELETE`) go to the SDK's transport. `GET /mcp` is the server-to-client event stream of
+the streamable HTTP transport, answered here and bounded like the service's other streams:
+
+- it needs `Accept: text/event-stream` (named, not only through `*/*`): otherwise `400 MALFORMED_REQUEST`
+  with `details.field: "Accept"`, and no stream;
+- at most `MCP_STREAMS_PER_IP` (20, the per-intent stream's figure) are open at once per client IP (its
+  /64 for IPv6), shared by the hosts through Redis when configured; one more is `429 RATE_LIMITED`
+  (`details.scope: "ip"`, `Retry-After`);
+- it ends after `STREAM_LIFETIME_S` (120 s; the client opens another) and when the host begins to stop.
+
+The server is stateless (any host answers any request), so it never has a message to send on this stream:
+it carries a keep-alive comment every 15 s and nothing else. It is served because MCP clients open it.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from fastapi import FastAPI
 from mcp.server.mcpserver import MCPServer
 from mcp.server.transport_security import TransportSecuritySettings
+from sse_starlette.sse import EventSourceResponse, ServerSentEvent
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
+from gasless.errors import ApiError
+from gasless.http.problems import problem_response
+from gasless.limits.buckets import refusal
+from gasless.limits.route_classes import client_key, record
 from gasless.mcp.api import ApiCaller
 from gasless.mcp.server import build_mcp_server
 
 MCP_PATH = "/mcp"
+MCP_STREAMS_PER_IP = 20
+MCP_STREAM_BUCKET = "mcp_stream_ip"  # a concurrency bucket of its own (Redis keys carry the name)
+STREAM_LIFETIME_S = 120.0
+PING_S = 15
+
+
+def accepts_event_stream(accept: str | None) -> bool:
+    """`Accept` names `text/event-stream` (with a quality above 0)."""
+    for part in (accept or "").split(","):
+        media, *parameters = (piece.strip().lower() for piece in part.split(";"))
+        if media != "text/event-stream":
+            continue
+        quality = next((p.partition("=")[2] for p in parameters if p.startswith("q=")), "1")
+        try:
+            if float(quality) > 0:
+                return True
+        except ValueError:
+            return True
+    return False
+
+
+class McpEndpoint:
+    """The ASGI app of `/mcp`: the bounded event stream on GET, the SDK's transport for the rest."""
+
+    def __init__(self, transport: ASGIApp, *, docs_url: str) -> None:
+        self.transport = transport
+        self.docs_url = docs_url
+        self.route: Route | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope.setdefault("route", self.route)  # the metrics' and access log's route label, as FastAPI's
+        if scope["type"] == "http" and scope["method"] == "GET":
+            await self.event_stream(Request(scope, receive), send)
+            return
+        await self.transport(scope, receive, send)
+
+    async def event_stream(self, request: Request, send: Send) -> None:
+        scope, receive = request.scope, request.receive
+        if not accepts_event_stream(request.headers.get("accept")):
+            error = ApiError(
+                "MALFORMED_REQUEST",
+                detail="GET /mcp opens the MCP server's event stream and needs Accept: text/event-stream "
+                "(MCP requests are POST /mcp)",
+                details={"field": "Accept"},
+            )
+            await problem_response(request, error, self.docs_url)(scope, receive, send)
+            return
+        host = request.app.state.host
+        decision, slot = await host.limits.streams.acquire(
+            MCP_STREAM_BUCKET, client_key(request), MCP_STREAMS_PER_IP
+        )
+        if slot is None:
+            error = refusal(
+                decision, "ip", f"at most {MCP_STREAMS_PER_IP} MCP event streams are open at once per IP"
+            )
+            await problem_response(request, error, self.docs_url)(scope, receive, send)
+            return
+        record(request, decision)  # RateLimit-* on the stream's answer
+        try:
+            await EventSourceResponse(self.quiet(host), ping=PING_S)(scope, receive, send)
+        finally:
+            await slot.release()
+
+    @staticmethod
+    async def quiet(host: Any) -> AsyncIterator[ServerSentEvent]:
+        """A comment (so the answer's headers leave now), then nothing until the lifetime ends or the host
+        stops."""
+        yield ServerSentEvent(comment="open")
+        await host.unless_stopping(asyncio.Event().wait(), STREAM_LIFETIME_S)
 
 
 def mount_mcp(app: FastAPI, *, docs_url: str, on_problems: Callable[[list[str]], None] | None) -> MCPServer:
@@ -28,5 +121,9 @@ def mount_mcp(app: FastAPI, *, docs_url: str, on_problems: Callable[[list[str]],
         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
     )
     # Exactly `/mcp` (the SDK's one route), not a catch-all mount that would answer every unknown path.
-    app.router.routes.extend(route for route in endpoint.routes if getattr(route, "path", None) == MCP_PATH)
+    for route in endpoint.routes:
+        if isinstance(route, Route) and route.path == MCP_PATH:
+            handler = McpEndpoint(route.endpoint, docs_url=docs_url)
+            handler.route = Route(MCP_PATH, handler)
+            app.router.routes.append(handler.route)
     return server
