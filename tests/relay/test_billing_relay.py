@@ -269,6 +269,19 @@ def test_data_above_4096_bytes_only_for_allow_listed_accounts(make_env: Any, pro
         env.relay(env.build(other, assignment, data=data), assignment["lease"]), "DATA_TOO_LARGE"
     )
     assert refused["details"] == {"limit": 4_096, "actual": 5_000, "account": other.address}
+    # A free contract call is held to the same limit: the allow-list of one account must not open the
+    # static check for everyone's free calls.
+    free_caller = env.new_sender(plan=False)
+    assignment = env.assign(free_caller)
+    big_free = env.build(
+        free_caller,
+        assignment,
+        receiver=env.contract,
+        data=b"removeSenders@" + b"00" * 2_600,  # free, and 5 214 bytes
+        gas_limit=20_000_000,
+    )
+    refused = problem(env.relay(big_free, assignment["lease"]), "DATA_TOO_LARGE")
+    assert refused["details"]["account"] == free_caller.address and refused["details"]["actual"] > 4_096
 
 
 def test_a_request_naming_its_payer_is_refused_for_a_sender_that_account_does_not_name(

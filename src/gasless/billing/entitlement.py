@@ -42,6 +42,10 @@ _ZERO = bytes(32)
 DEPOSIT_FUNCTIONS = frozenset({"deposit", "depositFor", "depositAndSubscribe"})
 
 
+def _data_len(tx: Transaction) -> int:
+    return len(tx.data or b"")
+
+
 def period_of(start_ms: int, end_ms: int, now_ms: int) -> int | None:
     """The id of the plan period containing `now_ms`: its start in ms (a block of n months has n periods of
     30 days from its start). None for a block without a period (pay-as-you-go tiers)."""
@@ -103,6 +107,11 @@ class BillingEntitlement:
                     sender, "NO_ACCOUNT", f"{sender} has no account in the contract: flag calls need one"
                 )
             if function in free_ops and free_allowed and not _renews_another(tx, function):
+                # A free call is held to the data limit of the sender's account too: the static check
+                # lets more through as soon as any account is allow-listed.
+                if _data_len(tx) > MAX_DATA_BYTES_SELF_SERVE:
+                    paying = await self.mirror.paying_account(sender)
+                    self._require_data_size(tx, paying[0] if paying is not None else sender)
                 return EntitlementDecision("free", sender, ru=0, function=function or None)
         if contract is None:
             raise await self._no_entitlement(sender, "NO_ACCOUNT", "no billing contract is configured")
@@ -287,14 +296,7 @@ class BillingEntitlement:
                 f"{int(limits.max_gas_limit)}",
                 details={"limit": int(limits.max_gas_limit), "actual": tx.gas_limit},
             )
-        if len(tx.data or b"") > MAX_DATA_BYTES_SELF_SERVE and account not in self.policy.data_allowlist:
-            # Reached only when some account is allow-listed (else the static check refused it first).
-            raise ApiError(
-                "DATA_TOO_LARGE",
-                detail=f"data is {len(tx.data)} bytes; at most {MAX_DATA_BYTES_SELF_SERVE} on a self-serve "
-                "account (more only by allow-list)",
-                details={"limit": MAX_DATA_BYTES_SELF_SERVE, "actual": len(tx.data), "account": account},
-            )
+        self._require_data_size(tx, account)
         if is_deploy_or_upgrade(tx) and account not in self.policy.deploy_allowlist:
             raise ApiError(
                 "DEPLOY_NOT_ALLOWED",
@@ -332,6 +334,17 @@ class BillingEntitlement:
 
     async def _deposit_min(self) -> int:
         return max(int((await self.mirror.config())[0].deposit_min_micro), 1)
+
+    def _require_data_size(self, tx: Transaction, account: str) -> None:
+        """At most 4 096 bytes of data unless the account is allow-listed. Reached only when some account is
+        allow-listed (else the static check refused it first), on every path: free, sponsored, billed."""
+        if _data_len(tx) > MAX_DATA_BYTES_SELF_SERVE and account not in self.policy.data_allowlist:
+            raise ApiError(
+                "DATA_TOO_LARGE",
+                detail=f"data is {_data_len(tx)} bytes; at most {MAX_DATA_BYTES_SELF_SERVE} on a self-serve "
+                "account (more only by allow-list)",
+                details={"limit": MAX_DATA_BYTES_SELF_SERVE, "actual": _data_len(tx), "account": account},
+            )
 
     async def _no_entitlement(
         self, sender: str, reason: str, detail: str, details: dict[str, Any] | None = None
