@@ -68,12 +68,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if not full:
         return
     if not (os.environ.get(POSTGRES_ENV) and os.environ.get(REDIS_ENV)):
+        # In CI every suite must run: a run that skipped one cannot vouch for the catalogue, so it fails.
+        in_ci = bool(os.environ.get("CI"))
         if reporter is not None:
             reporter.write_line(
-                "error coverage NOT CHECKED: the PostgreSQL or Redis suite was skipped",
-                yellow=True,
+                "error coverage NOT CHECKED: the PostgreSQL or Redis suite was skipped"
+                + (" (CI needs both: failing the run)" if in_ci else ""),
+                yellow=not in_ci,
+                red=in_ci,
                 bold=True,
             )
+        if in_ci:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
         return
     problems = findings(Path(os.environ[RECORD_ENV]))
     if reporter is not None:

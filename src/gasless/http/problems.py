@@ -20,9 +20,26 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gasless.errors import PROBLEM_MEDIA_TYPE, ApiError, problem_document
+from gasless.http.formats import (
+    ADDRESS_PATTERN,
+    INTENT_ID_PATTERN,
+    INTENT_OR_HASH_PATTERN,
+    TX_HASH_PATTERN,
+)
 
 log = structlog.get_logger("gasless.http")
 REQUEST_ID_HEADER = "Relay-Request-Id"
+
+_ADDRESS_FORM = "an erd1 address (erd1 and 58 lower-case bech32 characters)"
+_INTENT_FORM = "an intent id `<erd1...>:<nonce>` (an address, a colon, the nonce in decimal)"
+_HASH_FORM = "a transaction hash (64 hexadecimal characters)"
+# The shared formats' patterns and the form each expects, in words (a refusal names the form, not a regex).
+FORMS = {
+    ADDRESS_PATTERN: _ADDRESS_FORM,
+    TX_HASH_PATTERN: _HASH_FORM,
+    INTENT_ID_PATTERN: _INTENT_FORM,
+    INTENT_OR_HASH_PATTERN: f"{_INTENT_FORM} or {_HASH_FORM}",
+}
 
 
 def new_request_id() -> str:
@@ -68,28 +85,32 @@ class RequestIdMiddleware:
 
 
 class ProblemRecorder:
-    """Appends each rendered problem code to a file, one per line (O_APPEND: lines from several processes
-    never interleave). The suite's error-coverage guard reads what the service really answered."""
+    """Appends each problem this host answered to a file, one per line (O_APPEND: lines from several
+    processes never interleave). The suite's error-coverage guard reads what the service really answered:
+    `CODE STATUS` for an HTTP error response the problem renderer sent, `CODE - mcp` for a tool error of
+    the MCP layer (a problem document inside a 200, which does not count as answering the code)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
 
-    def record(self, codes: Iterable[str]) -> None:
-        lines = "".join(f"{code}\n" for code in codes)
+    def _append(self, lines: str) -> None:
         if lines:
             with self.path.open("a", encoding="ascii") as out:
                 out.write(lines)
 
+    def answered(self, code: str, status: int) -> None:
+        """An error response with this code and HTTP status left the problem renderer."""
+        self._append(f"{code} {status}\n")
 
-def record_problems(request: Request, codes: Iterable[str]) -> None:
-    """Problem codes answered inside a success body (the problems listed by `POST /v1/validate`)."""
-    recorder: ProblemRecorder | None = getattr(request.app.state, "problem_recorder", None)
-    if recorder is not None:
-        recorder.record(codes)
+    def record(self, codes: Iterable[str]) -> None:
+        """Problems rendered outside an HTTP error response (MCP tool errors)."""
+        self._append("".join(f"{code} - mcp\n" for code in codes))
 
 
 def problem_response(request: Request, error: ApiError, docs_url: str) -> JSONResponse:
-    record_problems(request, [error.code])
+    recorder: ProblemRecorder | None = getattr(request.app.state, "problem_recorder", None)
+    if recorder is not None:
+        recorder.answered(error.code, error.status)
     rid = request_id_of(request)
     body = problem_document(error, docs_url=docs_url, request_id=rid)
     headers = {**error.headers, REQUEST_ID_HEADER: rid}
@@ -119,8 +140,15 @@ def install_problem_handlers(app: FastAPI, docs_url: str, record_file: Path | No
         first = exc.errors()[0] if exc.errors() else {}
         message = first.get("msg", "invalid request")
         if first.get("type") == "string_pattern_mismatch":
-            # Not the regular expression itself (an int64 range spelled out is hundreds of characters).
-            message = "does not have the documented format (see its pattern in /openapi.json)"
+            # Not the regular expression itself (an int64 range spelled out is hundreds of characters): the
+            # expected form in words where the pattern is one of the shared formats.
+            pattern = (first.get("ctx") or {}).get("pattern")
+            form = FORMS.get(pattern) if isinstance(pattern, str) else None
+            message = (
+                f"expected {form}"
+                if form
+                else "does not have the documented format (see its pattern in /openapi.json)"
+            )
         error = ApiError(
             "MALFORMED_REQUEST", detail=f"{field or 'body'}: {message}", details={"field": field}
         )

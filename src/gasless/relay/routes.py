@@ -20,7 +20,6 @@ from gasless.errors import ApiError
 from gasless.http.caching import NETWORK_CACHE, cached_json, intent_cache_control
 from gasless.http.formats import INT64_MAX, VISIBLE_ASCII_KEY_PATTERN, Address, IntentIdOrTxHash, TxHash
 from gasless.http.json_body import api_router
-from gasless.http.problems import record_problems
 from gasless.limits.route_classes import ASSIGN_IP, PUBLIC_READ, RELAY_EVENTS, client_key, enforce, record
 from gasless.relay.checks import MAX_BODY_BYTES
 from gasless.relay.intents import TERMINAL, intent_from_row, rejected_intent
@@ -347,7 +346,6 @@ async def quote(request: Request, body: QuoteRelayRequest) -> RelayQuote:
 async def validate(request: Request) -> ValidateResponse:
     raw = await read_body(request)
     answer = await validate_submission(_host(request).relay, raw)
-    record_problems(request, [problem.code for problem in answer.problems])
     return answer
 
 
