@@ -30,6 +30,7 @@ from sqlalchemy.engine import make_url
 from gasless.app import create_app
 from gasless.db import create_engine, current_revision
 from gasless.host import HostState
+from gasless.http.server import api_server_config
 from gasless.localnet.chain import ChainConfig
 from gasless.localnet.owner import unpause
 from gasless.localnet.server import Localnet
@@ -380,8 +381,9 @@ def _servers(
 ) -> tuple[HostState, list[tuple[uvicorn.Server, list[socket.socket]]]]:
     app = create_app(settings, ready_wait_s=ready_wait_s)
     api = _Server(
-        uvicorn.Config(
+        api_server_config(
             app,
+            docs_url=settings.docs_url,
             log_level=log_level,
             log_config=None,  # uvicorn's records go through our logging pipeline (JSON, redacted)
             access_log=False,  # the metrics middleware writes the access log

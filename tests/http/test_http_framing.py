@@ -21,6 +21,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from gasless.app import create_app
+from gasless.http.server import api_server_config
 from gasless.settings import Settings
 
 
@@ -47,7 +48,10 @@ def port(app: FastAPI) -> Iterator[int]:
     """The app on a real socket (uvicorn in a thread, port chosen by the OS)."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical"))
+    # As the API is served (gasless.http.server), with a short header timeout for the slow-client test.
+    server = uvicorn.Server(
+        api_server_config(app, docs_url="https://docs.example/", header_timeout_s=1.0, log_level="critical")
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
@@ -110,3 +114,57 @@ def test_head_answers_the_get_headers_without_a_body_and_keeps_the_connection(po
     assert head_headers["content-length"] == get_headers["content-length"] == str(len(body))
     assert head_headers["content-type"] == get_headers["content-type"] == "application/json"
     assert json.loads(body)["status"] == "ok"
+
+
+def test_a_header_the_http_parser_refuses_is_a_problem_document(port: int) -> None:
+    """A control character (DEL) in `Idempotency-Key`: the HTTP parser refuses the request before the app
+    sees it; the answer is still the catalogue's MALFORMED_REQUEST, not a text/plain 400."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(
+            b"POST /v1/relay HTTP/1.1\r\nHost: localhost\r\nIdempotency-Key: abc\x7fdef\r\n"
+            b"Content-Length: 2\r\n\r\n{}"
+        )
+        answer = _read_until_closed(conn)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    assert lines[0] == "HTTP/1.1 400 Bad Request", lines
+    headers = {name.lower(): value.strip() for name, _, value in (line.partition(":") for line in lines[1:])}
+    assert headers["content-type"] == "application/problem+json" and headers["connection"] == "close"
+    document = json.loads(body)
+    assert document["code"] == "MALFORMED_REQUEST" and document["status"] == 400, document
+    assert document["instance"] == headers["relay-request-id"] and document["details"] == {"field": "headers"}
+
+
+def test_a_client_trickling_its_headers_is_closed(port: int) -> None:
+    """Headers not complete within the header timeout (1 s here, 10 s in production): the connection is
+    closed, however often the client sends another line (a connection that sends nothing is closed the
+    same way). A client that sends its headers in time is served."""
+    slow = socket.create_connection(("127.0.0.1", port), timeout=10)
+    silent = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")
+        closed = False
+        for index in range(50):  # a line every 0.2 s: 10 s of trickle at most
+            time.sleep(0.2)
+            try:
+                slow.sendall(f"X-Slow-{index}: yes\r\n".encode())
+                slow.setblocking(False)
+                try:
+                    closed = slow.recv(1) == b""
+                except BlockingIOError:
+                    closed = False
+                finally:
+                    slow.setblocking(True)
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+            if closed:
+                break
+        assert closed, "the trickling client was never closed"
+        assert index < 25, f"closed only after {index} lines"  # ~1 s of lines, with room for a busy machine
+        assert _read_until_closed(silent) == b""  # closed too, without a word
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as prompt:
+            prompt.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+            assert _read_until_closed(prompt).startswith(b"HTTP/1.1 200")
+    finally:
+        slow.close()
+        silent.close()
