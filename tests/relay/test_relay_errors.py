@@ -180,6 +180,14 @@ def _gas_high(tx: Transaction, env: Any) -> None:
     tx.gas_limit = 600_000_001
 
 
+def _gas_2_63(tx: Transaction, env: Any) -> None:
+    tx.gas_limit = 2**63  # beyond the wire's integer range, but an integer: the ceiling applies
+
+
+def _price_2_63(tx: Transaction, env: Any) -> None:
+    tx.gas_price = 2**63
+
+
 def _data_large(tx: Transaction, env: Any) -> None:
     tx.data = b"a" * 4_097
     tx.gas_limit = 100_000 + 1_500 * 4_097
@@ -213,6 +221,32 @@ STATIC_CASES = [
     ("DATA_TOO_LARGE", _data_large, {"limit": 4_096, "actual": 4_097}),
     ("GUARDIAN_IS_RELAYER", _guardian_is_relayer, {}),
 ]
+
+
+BEYOND_THE_WIRE = [
+    ("GAS_LIMIT_TOO_HIGH", _gas_2_63, {"limit": 600_000_000, "actual": 2**63}),
+    ("GAS_PRICE_OUT_OF_RANGE", _price_2_63, {"limit": 2 * MIN_GAS_PRICE, "actual": 2**63, "bound": "max"}),
+]
+
+
+@pytest.mark.parametrize(("code", "mutate", "details"), BEYOND_THE_WIRE, ids=["gas-limit", "gas-price"])
+def test_an_integer_beyond_the_wire_range_meets_the_catalogue_ceiling(
+    env: Any,
+    problem: Any,
+    code: str,
+    mutate: Callable[[Transaction, Any], None],
+    details: dict[str, Any],
+) -> None:
+    """A re-signed gas limit (or price) of 2^63 is an integer above the ceiling, not a malformed body."""
+    sender = env.new_sender(1)
+    assignment = env.assign(sender)
+    tx = env.build(sender, assignment, sign=False)
+    mutate(tx, env)
+    sign(sender.key, tx)
+    body = problem(env.relay(tx, assignment["lease"]), code)
+    assert body["details"] == details, body
+    slot = env.client.get(f"/v1/relay/{sender.address}:{tx.nonce}").json()
+    assert slot["state"] == "REJECTED" and slot["rejection"]["code"] == code, slot
 
 
 @pytest.mark.parametrize(

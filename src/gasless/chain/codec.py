@@ -59,10 +59,11 @@ WIRE_FIELDS = frozenset(
 class WireError(ValueError):
     """A wire transaction member is missing or malformed."""
 
-    def __init__(self, field: str, message: str) -> None:
+    def __init__(self, field: str, message: str, *, above: int | None = None) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+        self.above = above  # an integer above the member's range: the value (a catalogue ceiling may apply)
 
 
 def _uint(d: dict[str, Any], name: str, *, required: bool, maximum: int) -> int:
@@ -76,7 +77,7 @@ def _uint(d: dict[str, Any], name: str, *, required: bool, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise WireError(name, "must be an integer")
     if value < 0 or value > maximum:
-        raise WireError(name, f"must be between 0 and {maximum}")
+        raise WireError(name, f"must be between 0 and {maximum}", above=value if value > maximum else None)
     return value
 
 

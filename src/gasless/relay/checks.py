@@ -17,7 +17,7 @@ from gasless.billing.policy import MAX_DATA_BYTES_SELF_SERVE
 from gasless.billing.schedule import RU_SCHEDULE_VERSION
 from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubkey
 from gasless.chain.codec import WireError, signing_bytes, tx_from_wire
-from gasless.chain.gas import OPTION_GUARDED, OPTION_HASH_SIGN, is_guarded
+from gasless.chain.gas import OPTION_GUARDED, OPTION_HASH_SIGN, GasRules, is_guarded
 from gasless.chain.network import NetworkParams
 from gasless.errors import ApiError
 from gasless.http.formats import INT64_MAX
@@ -91,6 +91,12 @@ UNPRICED_FEE_FIELDS = frozenset(
 )
 
 
+# A gas limit or price beyond the wire's integer range (2^53 - 1) is above any network's ceiling; it is refused
+# with the protocol's ceilings, the ones every MultiversX network has used (the static checks, which come
+# after parsing, report the network's own).
+MAX_GAS_LIMIT = GasRules.max_gas_per_tx
+
+
 def parse_transaction(wire: Any, field_prefix: str = "tx") -> Transaction:
     if isinstance(wire, dict):
         unpriced = sorted(UNPRICED_FEE_FIELDS & set(wire))
@@ -105,6 +111,19 @@ def parse_transaction(wire: Any, field_prefix: str = "tx") -> Transaction:
     try:
         return tx_from_wire(wire, allow_unknown=False)
     except WireError as exc:
+        if exc.above is not None and exc.field == "gasLimit":
+            # An integer, just too large for any transaction: the catalogue's ceiling, not a malformed body.
+            raise ApiError(
+                "GAS_LIMIT_TOO_HIGH",
+                detail=f"gas limit above the ceiling {MAX_GAS_LIMIT}",
+                details={"limit": MAX_GAS_LIMIT, "actual": exc.above},
+            ) from None
+        if exc.above is not None and exc.field == "gasPrice":
+            raise ApiError(
+                "GAS_PRICE_OUT_OF_RANGE",
+                detail="gas price above twice the network minimum",
+                details={"limit": 2 * GasRules.min_gas_price, "actual": exc.above, "bound": "max"},
+            ) from None
         field = f"{field_prefix}.{exc.field}" if exc.field != "transaction" else field_prefix
         raise ApiError(
             "MALFORMED_REQUEST", detail=f"{field} {exc.message}", details={"field": field}
