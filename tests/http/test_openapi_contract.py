@@ -354,9 +354,10 @@ def test_security_schemes_and_requirements(document: dict[str, Any]) -> None:
         "ackNotices",
     }
     assert all(by_id[op_id]["security"] == [{"nativeAuth": []}, {"apiKey": []}] for op_id in dashboard)
-    # The x402 paid routes: the payment header (an unpaid request is answered with the 402 challenge).
+    # The x402 paid routes: the payment header, optional (an unpaid request is the flow's first step,
+    # answered with the 402 challenge).
     paid = {"x402Topup", "x402Purchase"}
-    assert all(by_id[op_id]["security"] == [{"x402": []}] for op_id in paid)
+    assert all(by_id[op_id]["security"] == [{}, {"x402": []}] for op_id in paid)
     public = (
         set(by_id) - {"relayTransaction", "assignRelayer"} - native_auth_only - streams - dashboard - paid
     )

@@ -21,7 +21,8 @@ OPTIONAL_API_KEY: tuple[tuple[str, ...], ...] = ((), (API_KEY,))
 OPTIONAL_NATIVE_AUTH: tuple[tuple[str, ...], ...] = ((), (NATIVE_AUTH,))
 NATIVE_AUTH_ONLY: tuple[tuple[str, ...], ...] = ((NATIVE_AUTH,),)
 NATIVE_AUTH_OR_API_KEY: tuple[tuple[str, ...], ...] = ((NATIVE_AUTH,), (API_KEY,))
-X402_PAYMENT: tuple[tuple[str, ...], ...] = ((X402,),)
+# Optional: an unpaid request is the flow's first step, answered with the 402 challenge.
+X402_PAYMENT: tuple[tuple[str, ...], ...] = ((), (X402,))
 
 
 @dataclass(frozen=True)
@@ -550,7 +551,7 @@ _COMPAT_400 = (
 )
 OPERATIONS.update(
     {
-        "compatHealth": OperationContract({500: ("INTERNAL",)}),
+        "compatHealth": OperationContract({500: ("INTERNAL", "UPSTREAM_UNAVAILABLE")}),
         "compatRelayerAddress": OperationContract(
             {404: ("NOT_FOUND",), 500: ("INTERNAL", "NO_RELAYER_AVAILABLE", *_STARTING)}
         ),
