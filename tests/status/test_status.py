@@ -144,6 +144,10 @@ def test_the_accounts_relayers_and_outages(env: Any) -> None:
     assert relayer["succeeded"] == 2 and relayer["state"] == "active" and relayer["shard"] == 1
     assert body["toMs"] - body["fromMs"] == 30 * DAY_MS
     assert env.client.get(f"/v1/account/{sender.address}/relayers").status_code == 401
+    # A window ending at the epoch starts there too (found by schemathesis: a start before 1970 was a 500).
+    early = env.client.get(f"/v1/account/{sender.address}/relayers", params={"to": 0}, headers=headers)
+    assert early.status_code == 200, early.text
+    assert (early.json()["fromMs"], early.json()["toMs"], early.json()["items"]) == (0, 0, [])
 
     # An incident over the account's traffic (declared before it, still open) shows with the impact.
     service = env.client.app.state.host.incident_service

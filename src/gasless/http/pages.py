@@ -79,6 +79,13 @@ class TimeWindow:
     from_ms: int | None
     to_ms: int | None
 
+    def bounded(self, now_ms: int, span_ms: int) -> tuple[int, int]:
+        """(from, to) with the route's defaults: `to` now, `from` `span_ms` before `to`, never before the
+        epoch (a window ending at `to=0` starts there too)."""
+        to_ms = self.to_ms if self.to_ms is not None else now_ms
+        from_ms = self.from_ms if self.from_ms is not None else max(0, to_ms - span_ms)
+        return from_ms, to_ms
+
 
 def time_window(
     from_ms: Annotated[

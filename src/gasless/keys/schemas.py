@@ -29,7 +29,7 @@ Label = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_label
 class ApiKeyLimits(BaseModel):
     """Tighter limits of the key's own; the account's rate class still applies (never looser)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: `0` is not a boolean
 
     ruPerSecond: int | None = Field(default=None, ge=1, le=100, description="sustained RU per second")
     ruPerHour: int | None = Field(default=None, ge=1, le=6_000, description="RU per hour")
@@ -41,7 +41,7 @@ class ApiKeyLimits(BaseModel):
 class ApiKeyPolicy(BaseModel):
     """What a key may do. Stored now; enforced on the relay path by billing (RECEIVER_NOT_ALLOWED, ...)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: `0` is not a boolean
 
     scopes: list[ApiKeyScope] = Field(
         default_factory=lambda: list(ALL_SCOPES),
@@ -65,7 +65,7 @@ class ApiKeyPolicy(BaseModel):
 
 
 class ApiKeyCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: `0` is not a boolean
 
     label: Label
     policy: ApiKeyPolicy = Field(default_factory=ApiKeyPolicy)
@@ -74,7 +74,7 @@ class ApiKeyCreate(BaseModel):
 class ApiKeyUpdate(BaseModel):
     """Label, policy or both; a policy given here replaces the whole stored policy."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: `0` is not a boolean
 
     label: Label | None = None
     policy: ApiKeyPolicy | None = None

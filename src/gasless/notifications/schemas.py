@@ -30,7 +30,7 @@ Micro = Annotated[int, Field(ge=0, le=INT64_MAX)]
 
 
 class Thresholds(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: `0` is not a boolean
 
     planUsedPct: Annotated[
         list[Annotated[int, Field(ge=1, le=100)]],
@@ -51,7 +51,7 @@ class Thresholds(BaseModel):
 
 
 class EmailChannelUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: `0` is not a boolean
 
     address: EmailAddress = Field(
         description="where notices are e-mailed once verified; a new address is `pending` until the link "
@@ -70,7 +70,7 @@ class EmailChannel(BaseModel):
 class NotificationPrefsUpdate(BaseModel):
     """The whole preferences (PUT replaces): members left out take their defaults."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: `0` is not a boolean
 
     thresholds: Thresholds = Field(default_factory=Thresholds)
     email: EmailChannelUpdate | None = Field(default=None, description="null: no e-mail channel")

@@ -174,7 +174,7 @@ class Intent(BaseModel):
 
 
 class AssignProof(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: `0` is not a boolean
 
     kind: Literal["key", "sponsor"] = "key"
     serverTimeMs: SafeInt | None = Field(default=None, description="the signed server time, Unix ms")
@@ -187,7 +187,7 @@ class AssignProof(BaseModel):
 
 
 class AssignRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: `0` is not a boolean
 
     sender: Address
     proof: AssignProof | None = None
@@ -195,6 +195,11 @@ class AssignRequest(BaseModel):
         default=None, description="the already signed transaction (wire form) whose lease expired"
     )
     cancel: Int64 | None = Field(default=None, description="nonce (int64) of the in-flight intent to cancel")
+    withNextNonce: bool = Field(
+        default=False,
+        description="also answer `nextNonce`, the sender's next usable nonce (read from the network for this "
+        "request), so a client needs no gateway of its own",
+    )
 
 
 class Assignment(BaseModel):
@@ -207,6 +212,11 @@ class Assignment(BaseModel):
     expiresAtMs: int
     renewable: bool
     serverTimeMs: int
+    nextNonce: int | None = Field(
+        default=None,
+        description="the sender's next usable nonce: past its account nonce, the network's pool and this "
+        "service's intents in flight; only when the request asked for it (`withNextNonce: true`)",
+    )
 
 
 class BillingInfo(BaseModel):

@@ -48,8 +48,7 @@ class AccountStatusService:
 
     async def relayers(self, account: str, window: TimeWindow) -> AccountRelayers:
         now = self.now_ms()
-        to_ms = window.to_ms if window.to_ms is not None else now
-        from_ms = window.from_ms if window.from_ms is not None else to_ms - 30 * DAY_MS
+        from_ms, to_ms = window.bounded(now, 30 * DAY_MS)
         rows = await account_relayers(self.engine, account, from_ms, to_ms)
         return AccountRelayers(
             account=account,

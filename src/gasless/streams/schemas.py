@@ -22,7 +22,7 @@ def canonical_address(value: str) -> str:
 
 
 class StreamTicketCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: `0` is not a boolean
 
     account: Address = Field(description="the account whose events the ticket opens")
     topics: list[StreamTopic] | None = Field(

@@ -48,7 +48,7 @@ EventTypes = Annotated[
 
 
 class WebhookCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: `0` is not a boolean
 
     url: Url
     eventTypes: EventTypes = Field(
@@ -62,7 +62,7 @@ class WebhookCreate(BaseModel):
 class WebhookUpdate(BaseModel):
     """Any of URL, event types, enabled, description; members left out keep their value."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # no coercion: `0` is not a boolean
 
     url: Url | None = None
     eventTypes: EventTypes | None = None
