@@ -22,8 +22,8 @@ from gasless.auth.origins import OriginMiddleware, OriginPolicy
 from gasless.billing.decision import Entitlement
 from gasless.compat import routes as compat_routes
 from gasless.compat.rendering import CompatErrorMiddleware
-from gasless.db import create_engine, ping, upgrade
-from gasless.host import Health, HostState, boot_epoch_ms, gateway_answers, purpose_keys, redis_answers
+from gasless.db import create_engine, upgrade
+from gasless.host import Health, HostState, boot_epoch_ms, purpose_keys, readiness
 from gasless.http.body_limit import BodyLimitMiddleware
 from gasless.http.direct import DirectRoutes, declared_route
 from gasless.http.head import HeadMiddleware
@@ -207,7 +207,7 @@ def create_app(
     app.add_middleware(
         MetricsMiddleware, metrics=state.metrics, host_id=settings.instance_id, access_log=settings.access_log
     )
-    app.add_middleware(CompatErrorMiddleware)  # the kit's statuses and `error` on /health, /relayer, /relay
+    app.add_middleware(CompatErrorMiddleware)  # the kit's paths: no trailing slash; its statuses and `error`
     app.add_middleware(RequestIdMiddleware)
     install_problem_handlers(app, settings.docs_url, settings.problem_record_file)
     app.include_router(relay_routes.router)
@@ -265,21 +265,7 @@ def create_app(
     )
     async def readyz(response: Response) -> Health:
         """Readiness: state restored, database and at least one gateway reachable."""
-        checks = {
-            "restore": "ok" if state.restored else (state.startup_error or "running"),
-            "database": "ok" if state.engine is not None and await ping(state.engine) else "unreachable",
-            "gateway": "ok" if state.http is not None and await gateway_answers(state) else "unreachable",
-        }
-        if state.redis is not None:
-            checks["redis"] = "ok" if await redis_answers(state.redis) else "unreachable"
-        if state.restored and state.network is not None and state.signer is not None:
-            offset = state.network.clock_offset_ms()
-            checks["clock"] = (
-                "ok"
-                if offset is not None and abs(offset) <= settings.max_clock_offset_ms
-                else f"offset {offset} ms"
-            )
-            checks["signer"] = "ok" if state.signer.holds else "fenced"
+        checks = await readiness(state)
         ready = all(v == "ok" for v in checks.values())
         if not ready:
             response.status_code = 503

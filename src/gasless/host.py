@@ -27,6 +27,7 @@ from gasless.chain.identity import ChainGuard
 from gasless.chain.network import NetworkView
 from gasless.compat.service import CompatService
 from gasless.crypto import PurposeKeys
+from gasless.db import ping
 from gasless.db.leader import SingletonRunner
 from gasless.errors import ApiError
 from gasless.http.idempotency import IdempotencyStore
@@ -270,6 +271,28 @@ class HostState:
         """The limiter's hook when the platform admission budget refuses (relay hot path: no I/O)."""
         if self.incident_watch is not None:
             self.incident_watch.note()
+
+
+async def readiness(state: HostState) -> dict[str, str]:
+    """The readiness checks of a host, each "ok" or what is wrong: state restored, database and at least
+    one gateway reachable, Redis when configured, and once restored the clock and the signer's claim.
+    `GET /readyz` answers them; the kit's `GET /health` says ok only when all are."""
+    checks = {
+        "restore": "ok" if state.restored else (state.startup_error or "running"),
+        "database": "ok" if state.engine is not None and await ping(state.engine) else "unreachable",
+        "gateway": "ok" if state.http is not None and await gateway_answers(state) else "unreachable",
+    }
+    if state.redis is not None:
+        checks["redis"] = "ok" if await redis_answers(state.redis) else "unreachable"
+    if state.restored and state.network is not None and state.signer is not None:
+        offset = state.network.clock_offset_ms()
+        checks["clock"] = (
+            "ok"
+            if offset is not None and abs(offset) <= state.settings.max_clock_offset_ms
+            else f"offset {offset} ms"
+        )
+        checks["signer"] = "ok" if state.signer.holds else "fenced"
+    return checks
 
 
 async def gateway_answers(state: HostState) -> bool:

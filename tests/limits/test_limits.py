@@ -74,8 +74,9 @@ def test_a_clock_stepping_back_mints_no_tokens() -> None:
     assert buckets.take("k").allowed
 
 
+COSTS = [1.0, 1.0, 2.0, 0.5, 7.0]  # 7: above many bursts below
 events = st.lists(
-    st.tuples(st.floats(min_value=0, max_value=2, allow_nan=False), st.sampled_from([1.0, 1.0, 2.0, 0.5])),
+    st.tuples(st.floats(min_value=0, max_value=2, allow_nan=False), st.sampled_from(COSTS)),
     min_size=1,
     max_size=80,
 )
@@ -84,11 +85,14 @@ events = st.lists(
 def _assert_never_above_burst_plus_rate(
     rate: float, burst: int, times: list[float], granted: list[float]
 ) -> None:
+    """Over any window: at most the burst, the refill, and the one overshoot of a request that cost more
+    than the burst (admitted on a full bucket, it leaves the bucket in debt)."""
+    overshoot = max(0.0, max(COSTS) - burst)
     for i in range(len(times)):
         total = 0.0
         for j in range(i, len(times)):
             total += granted[j]
-            assert total <= burst + rate * (times[j] - times[i]) + 1e-6, (i, j, total)
+            assert total <= burst + rate * (times[j] - times[i]) + overshoot + 1e-6, (i, j, total)
 
 
 @settings(max_examples=300, deadline=None)
@@ -111,6 +115,44 @@ def test_property_a_bucket_never_allows_more_than_burst_plus_rate_times_t(
         times.append(clock.now)
         granted.append(cost if decision.allowed else 0.0)
     _assert_never_above_burst_plus_rate(rate, burst, times, granted)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rate=st.floats(min_value=0.05, max_value=100, allow_nan=False),
+    burst=st.integers(1, 20),
+    cost=st.sampled_from([0.5, 1.0, 3.0, 15.0, 25.0]),
+    steps=events,
+)
+def test_property_a_refused_request_passes_after_the_wait_it_is_told(
+    rate: float, burst: int, cost: float, steps: list[tuple[float, float]]
+) -> None:
+    """Whatever the traffic before, a refused request of any cost (above the burst included) passes once
+    its stated wait has passed with no other traffic: retryable means it can pass."""
+    clock = Clock()
+    buckets = TokenBuckets(rate, burst, clock=clock)
+    for gap, other in steps:
+        clock.now += gap
+        buckets.take("k", other)
+    decision = buckets.take("k", cost)
+    if not decision.allowed:
+        assert decision.retry_after_ms >= 1
+        clock.now += decision.retry_after_ms / 1000
+        assert buckets.take("k", cost).allowed, decision
+
+
+def test_a_request_above_the_burst_passes_only_on_a_full_bucket_and_leaves_it_in_debt() -> None:
+    clock = Clock()
+    buckets = TokenBuckets(1, 5, clock=clock)
+    assert buckets.take("k", 4).allowed  # 1 left
+    refused = buckets.take("k", 15)
+    assert not refused.allowed and refused.retry_after_ms == 4_000  # until the bucket is full
+    clock.now += 4
+    admitted = buckets.take("k", 15)
+    assert admitted.allowed and admitted.remaining == 0 and admitted.reset_ms == 15_000  # 10 in debt
+    assert buckets.take("k", 1).retry_after_ms == 11_000  # one token needs 11 s from -10
+    clock.now += 11
+    assert buckets.take("k", 1).allowed
 
 
 @settings(max_examples=200, deadline=None)
@@ -257,6 +299,26 @@ async def test_redis_bucket_is_shared_by_two_limiters_and_keys_are_namespaced(re
         assert (await host_b.take("public_read_ip", "1.2.3.4", rate)).allowed
         other_space = RedisRateLimiter(redis, namespace(), clock=clock)
         assert (await other_space.take("public_read_ip", "1.2.3.4", rate)).remaining == 2
+    finally:
+        await _drop(redis, space.split(":")[0])
+
+
+@pytest.mark.redis
+async def test_redis_bucket_admits_above_its_burst_when_full_as_in_process(redis: Redis) -> None:
+    space = namespace()
+    clock = Clock()
+    shared, local = RedisRateLimiter(redis, space, clock=clock), LocalRateLimiter(clock=clock)
+    rate = Rate(1, 5)
+    try:
+        for cost, wait in ((4, 0.0), (15, 0.0), (15, 4.0), (1, 0.0), (1, 11.0)):
+            clock.now += wait
+            on_redis = await shared.take("compat_sender", "s", rate, cost)
+            in_process = await local.take("compat_sender", "s", rate, cost)
+            assert on_redis == in_process, (cost, wait, on_redis, in_process)
+        assert on_redis.allowed
+        # A bucket in debt expires only once it would be full again.
+        [key] = [k.decode() async for k in redis.scan_iter(match=f"{space}:*")]
+        assert 5_000 < await redis.pttl(key) <= 6_000
     finally:
         await _drop(redis, space.split(":")[0])
 

@@ -9,8 +9,10 @@ from typing import Annotated, Any
 from fastapi import Path, Request
 from fastapi.responses import JSONResponse
 
+from gasless.compat.rendering import NO_SIGN_UP
 from gasless.compat.schemas import CompatHealth, CompatRelayed, CompatRelayerAddress, CompatRelayRequest
 from gasless.errors import ApiError
+from gasless.host import readiness
 from gasless.http.json_body import api_router
 from gasless.relay.checks import parse_json_body
 from gasless.relay.routes import read_body
@@ -28,10 +30,37 @@ def compat(request: Request) -> Any:
 
 
 @router.get(
-    "/health", operation_id="compatHealth", response_model=CompatHealth, summary="The kit's health probe"
+    "/health",
+    operation_id="compatHealth",
+    response_model=CompatHealth,
+    summary="The kit's health probe: ok only when the host is ready to relay (as `GET /readyz`)",
 )
-async def health() -> CompatHealth:
+async def health(request: Request) -> CompatHealth:
+    checks = await readiness(request.app.state.host)
+    failing = {name: value for name, value in checks.items() if value != "ok"}
+    if failing:
+        raise ApiError(
+            "UPSTREAM_UNAVAILABLE",
+            detail="not ready to relay ("
+            + ", ".join(f"{name}: {value}" for name, value in failing.items())
+            + "); retry shortly",
+            details={"retryAfterMs": 1_000},
+        )
     return CompatHealth(status="ok")
+
+
+# The kit's registration flow (scripts/register.ts, and src/validator.ts on a 403 whose `error` mentions it)
+# posts `/challenge`, then relays with the `challengeNonce`. This relayer has nothing of the kind: every
+# method on these paths answers 404 with an `error` that says so and how to get a plan.
+_ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
+
+
+@router.api_route("/challenge", methods=_ALL_METHODS, include_in_schema=False)
+@router.api_route("/challenge/{rest:path}", methods=_ALL_METHODS, include_in_schema=False)
+@router.api_route("/register", methods=_ALL_METHODS, include_in_schema=False)
+@router.api_route("/register/{rest:path}", methods=_ALL_METHODS, include_in_schema=False)
+async def no_sign_up() -> None:
+    raise ApiError("NOT_FOUND", detail=NO_SIGN_UP)
 
 
 @router.get(

@@ -1,13 +1,17 @@
 """The compat facade on the one relay core (spec: Compatibility facade, compat relay rules 1-5).
 
-- The relayer of a user is a rendezvous (highest-random-weight) choice over its shard's active relayers:
-  deterministic, with no state and no lease, and it moves only when that relayer leaves the active set
-  (the kit caches it forever).
+- The relayer of a user is a rendezvous (highest-random-weight) choice over its shard's active relayers
+  (the contract's states, never funding): a pure function of the user and that set, with no state and no
+  lease, so the same on every host and after every restart. It moves only when its relayer leaves the
+  active set, or for the few users a relayer joining the shard outscores; an answer once given stays
+  accepted until its relayer is retired (the kit caches it forever). tests/compat pins literal answers.
 - `POST /relay` applies the compat limits (gasPrice = the network minimum, gasLimit <= 60 000 000, 1 RU/s
   per sender with a burst of 5), accepts any active or draining relayer of the sender's shard, takes an
   internal lease of 5 000 ms and hands the transaction to the relay core with simulation always on and the
-  route recorded on the intent's billing (and usage row). The answer is `{"txHash"}` once the commit point
-  is passed; statuses are mapped to the kit's in `compat/rendering.py`.
+  route recorded on the intent's billing (and usage row). The sender's RU are taken with the billing
+  admission (`RelayMode.admit`); a relay above the burst passes on a full bucket, which then refills from
+  below zero (`limits.buckets.admits`). The answer is `{"txHash"}` once the commit point is passed;
+  statuses are mapped to the kit's in `compat/rendering.py`.
 """
 
 from __future__ import annotations
@@ -23,11 +27,11 @@ from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubk
 from gasless.chain.codec import WireError, tx_from_wire
 from gasless.errors import ApiError
 from gasless.limits.buckets import RouteLimiter
+from gasless.relay.checks import ParsedRelay
 from gasless.relay.leases import LeaseCodec
 from gasless.relay.relayers import RelayerInfo, RelayerPool
 from gasless.relay.service import RelayMode, RelayService
 
-COMPAT = RelayMode(route="compat", simulate_always=True, accept_draining=True)
 COMPAT_LEASE_MS = 5_000  # spec: compat internal lease
 COMPAT_MAX_GAS_LIMIT = 60_000_000  # spec: compat relay
 
@@ -60,6 +64,15 @@ class CompatService:
         self.limits = limits
         self.min_gas_price = min_gas_price
         self.clock = clock
+        # The sender's RU are taken with the billing admission: a relay refused for good (no plan, a failed
+        # simulation) or an identical resubmission takes none, so a 429 is always one a wait clears.
+        self.mode = RelayMode(
+            route="compat", simulate_always=True, accept_draining=True, admit=self._take_sender_ru
+        )
+
+    async def _take_sender_ru(self, parsed: ParsedRelay) -> None:
+        cost = ru_for_gas_limit(parsed.tx.gas_limit)
+        await self.limits.check("compat_sender", parsed.sender, "sender", cost=cost)
 
     def relayer_for(self, user: str) -> str:
         try:
@@ -132,7 +145,6 @@ class CompatService:
                 detail=f"relayer {relayer} is in shard {info.shard}, the sender in shard {sender_shard}",
                 details={"senderShard": sender_shard, "relayerShard": info.shard},
             )
-        await self.limits.check("compat_sender", sender, "sender", cost=ru_for_gas_limit(tx.gas_limit))
         now = int(self.clock() * 1000)
         lease, _ = self.leases.mint(
             sender=sender,
@@ -149,6 +161,6 @@ class CompatService:
             sponsor=None,
             request_id=request_id,
             received_ms=received_ms,
-            mode=COMPAT,
+            mode=self.mode,
         )
         return response.txHash

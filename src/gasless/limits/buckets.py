@@ -3,8 +3,13 @@
 The route-class table of the spec ("Request limits outside the relay path", plus the assignment limits) is
 `RouteLimitTable`: data, in one place. `RouteLimiter` applies one of its rules to a key and answers a
 `Decision`, raising `RATE_LIMITED` (with the `RateLimit-*` headers) when the rule refuses. The embedded
-default keeps buckets in process; with `settings.redis_url` the Redis backends (`limits_redis.py`) share
-them between hosts. The HTTP side (dependencies, headers) is `route_limits.py`.
+default keeps buckets in process; with `settings.redis_url` the Redis backends (`redis_backend.py`) share
+them between hosts. The HTTP side (dependencies, headers) is `route_classes.py`.
+
+Every bucket admits by one rule (`admits`): a request pays its cost from the tokens the bucket holds, and
+a request that costs more than the whole burst is admitted when the bucket is full, leaving the bucket in
+debt. No request is refused for ever, a refusal's wait (`retry_after_ms`) is the time until it passes,
+and over any window a bucket admits at most `burst + rate * t` plus the one overshoot of such a request.
 """
 
 from __future__ import annotations
@@ -52,12 +57,28 @@ class Rate:
             raise ValueError("a rate needs per_second > 0 and burst >= 1")
 
 
+# Tokens a bucket may lack and still admit: what floating-point refills lose (a wait computed to the
+# millisecond must be enough, never one rounding short).
+TOKEN_EPSILON = 1e-9
+
+
+def admits(tokens: float, burst: int, cost: float) -> bool:
+    """The one admission rule of every bucket (both backends; the Redis scripts spell it the same way).
+
+    A request is admitted when the bucket holds its cost, or, for a request that costs more than the whole
+    burst, when the bucket is full: the bucket then goes into debt and refills from below zero, so the
+    long-run rate still holds. Without the second half such a request would be refused for ever, each
+    refusal saying "retry shortly" (a relay of more RU than the compat burst of 5 would be)."""
+    return tokens + TOKEN_EPSILON >= min(cost, float(burst))
+
+
 def bucket_decision(rate: Rate, tokens: float, allowed: bool, cost: float) -> Decision:
-    """The decision of a bucket holding `tokens` after a take of `cost` (shared by both backends)."""
-    missing = max(0.0, cost - tokens)
+    """The decision of a bucket holding `tokens` after a take of `cost` (shared by both backends). A
+    refusal's wait is the time until `admits` holds for the same cost: the same request then passes."""
+    missing = max(0.0, min(cost, float(rate.burst)) - tokens)
     retry_ms = 0 if allowed else max(1, math.ceil(missing / rate.per_second * 1000))
     reset_ms = math.ceil(max(0.0, rate.burst - tokens) / rate.per_second * 1000)
-    return Decision(allowed, rate.burst, int(tokens), retry_ms, reset_ms)
+    return Decision(allowed, rate.burst, max(0, int(tokens)), retry_ms, reset_ms)
 
 
 @dataclass(frozen=True)
@@ -104,7 +125,7 @@ class TokenBuckets:
         tokens, stamp = self._buckets.pop(key, (float(self.burst), now))
         # max(): a clock that steps back never mints tokens.
         tokens = min(float(self.burst), tokens + max(0.0, now - stamp) * self.rate)
-        allowed = tokens >= cost
+        allowed = admits(tokens, self.burst, cost)
         if allowed:
             tokens -= cost
         self._buckets[key] = (tokens, max(now, stamp))
@@ -180,7 +201,7 @@ class LocalRateLimiter:
                 self._groups[(take.bucket, take.rate)] = group
             tokens, stamp = group._buckets.pop(take.key, (float(take.rate.burst), now))
             tokens, stamp = refill(tokens, stamp, now, take.rate)
-            if refused is None and tokens < take.cost:
+            if refused is None and not admits(tokens, take.rate.burst, take.cost):
                 refused = index
             states.append((group, tokens, stamp))
         decisions = []
@@ -191,7 +212,12 @@ class LocalRateLimiter:
             if len(group._buckets) > group.max_keys:
                 group._buckets.popitem(last=False)
             decisions.append(
-                bucket_decision(take.rate, tokens, refused is None or tokens >= take.cost, take.cost)
+                bucket_decision(
+                    take.rate,
+                    tokens,
+                    refused is None or admits(tokens, take.rate.burst, take.cost),
+                    take.cost,
+                )
             )
         return MultiDecision(refused, tuple(decisions))
 

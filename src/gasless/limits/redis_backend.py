@@ -30,6 +30,7 @@ from gasless.limits.buckets import (
     Rate,
     Slot,
     Take,
+    admits,
     bucket_decision,
     concurrency_decision,
 )
@@ -37,7 +38,12 @@ from gasless.limits.buckets import (
 log = structlog.get_logger("gasless.limits.buckets")
 
 # KEYS[1] bucket; ARGV: per_second, burst, cost, now_ms ("" = Redis TIME). Returns {allowed, tokens}.
+# Admission is `buckets.admits`: the cost, or the whole burst for a request costing more (the bucket then
+# goes into debt: `tokens` below zero, refilled from there), less `TOKEN_EPSILON` (1e-9) of rounding.
+# Numbers are stored with 17 significant digits (`exact`): a millisecond stamp from Redis TIME keeps its
+# fraction, so a wait computed to the millisecond is enough.
 _TAKE = """
+local function exact(x) return string.format('%.17g', x) end
 local now = tonumber(ARGV[4])
 if not now then
   local t = redis.call('TIME')
@@ -58,18 +64,19 @@ if now > stamp then
   stamp = now
 end
 local allowed = 0
-if tokens >= cost then
+if tokens + 1e-9 >= math.min(cost, burst) then
   tokens = tokens - cost
   allowed = 1
 end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'stamp', tostring(stamp))
+redis.call('HSET', KEYS[1], 'tokens', exact(tokens), 'stamp', exact(stamp))
 redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
-return {allowed, tostring(tokens)}
+return {allowed, exact(tokens)}
 """
 
 # All-or-nothing over n buckets. KEYS: the buckets; ARGV[1] now_ms ("" = Redis TIME), then per bucket
 # (per_second, burst, cost). Returns {refused index (1-based, 0 = none), tokens...}.
 _TAKE_ALL = """
+local function exact(x) return string.format('%.17g', x) end
 local now = tonumber(ARGV[1])
 if not now then
   local t = redis.call('TIME')
@@ -94,7 +101,7 @@ for i = 1, n do
     tk = math.min(burst, tk + (now - st) * rate / 1000)
     st = now
   end
-  if refused == 0 and tk < cost then
+  if refused == 0 and tk + 1e-9 < math.min(cost, burst) then
     refused = i
   end
   tokens[i] = tk
@@ -109,9 +116,9 @@ for i = 1, n do
   if refused == 0 then
     tk = tk - cost
   end
-  redis.call('HSET', KEYS[i], 'tokens', tostring(tk), 'stamp', tostring(stamps[i]))
+  redis.call('HSET', KEYS[i], 'tokens', exact(tk), 'stamp', exact(stamps[i]))
   redis.call('PEXPIRE', KEYS[i], math.ceil((burst - tk) / rate * 1000) + 1000)
-  out[i + 1] = tostring(tk)
+  out[i + 1] = exact(tk)
 end
 return out
 """
@@ -222,7 +229,7 @@ class RedisRateLimiter:
         refused = int(answer[0]) - 1
         ok = refused < 0
         decisions = tuple(
-            bucket_decision(t.rate, float(tokens), ok or float(tokens) >= t.cost, t.cost)
+            bucket_decision(t.rate, float(tokens), ok or admits(float(tokens), t.rate.burst, t.cost), t.cost)
             for t, tokens in zip(takes, answer[1:], strict=True)
         )
         return MultiDecision(None if ok else refused, decisions)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,11 +88,14 @@ def stored_response(row: Rec, round_ms: int, *, duplicate: bool) -> tuple[int, R
 @dataclass(frozen=True)
 class RelayMode:
     """A route's own rules on the one relay core: the compat facade simulates always and accepts a draining
-    same-shard relayer; `route` is recorded with the intent's billing (and its usage row)."""
+    same-shard relayer; `route` is recorded with the intent's billing (and its usage row). `admit` is the
+    route's own limit, taken with the billing admission (after every check that could refuse the relay for
+    good), so that a relay refused for good, or an identical resubmission, takes nothing from it."""
 
     route: str = "native"
     simulate_always: bool = False
     accept_draining: bool = False
+    admit: Callable[[ParsedRelay], Awaitable[None]] | None = None
 
 
 NATIVE = RelayMode()
@@ -223,6 +226,8 @@ class RelayService:
             await simulate_or_refuse(
                 self.gateway, parsed, params, "always" if mode.simulate_always else self.config.simulate
             )
+            if mode.admit is not None:
+                await mode.admit(parsed)
             if self.billing is not None:
                 admitted = await self.billing.admit(decision, tx, parsed.sender_shard, sponsor)
                 if admitted is not None and report is not None:
