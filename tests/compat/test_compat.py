@@ -155,9 +155,12 @@ def test_every_status_of_compat_rule_4(make_env: Any, tmp_path: Path, operator: 
     body = check_error(env.client.post("/relay", json={"transaction": unsigned}), 400, "MALFORMED_REQUEST")
     assert "not signed" in body["error"]
     pricey = client.build(sender.key, nonce=0, receiver=ALICE, gas_price=2_000_000_000)
-    check_error(env.client.post("/relay", json={"transaction": pricey}), 400, "GAS_PRICE_OUT_OF_RANGE")
+    body = check_error(env.client.post("/relay", json={"transaction": pricey}), 400, "GAS_PRICE_OUT_OF_RANGE")
+    # The catalogue's member names, as on /v1 (only the status is the kit's).
+    assert body["details"] == {"limit": 1_000_000_000, "actual": 2_000_000_000, "bound": "max"}, body
     huge = client.build(sender.key, nonce=0, receiver=ALICE, gas_limit=60_000_001)
-    check_error(env.client.post("/relay", json={"transaction": huge}), 400, "GAS_LIMIT_TOO_HIGH")
+    body = check_error(env.client.post("/relay", json={"transaction": huge}), 400, "GAS_LIMIT_TOO_HIGH")
+    assert body["details"] == {"limit": 60_000_000, "actual": 60_000_001}, body
     garbled = env.client.post("/relay", content=b"{not json", headers={"Content-Type": "application/json"})
     check_error(garbled, 400, "MALFORMED_REQUEST")
     check_error(env.client.post("/relay", json={"tx": {}}), 400, "MALFORMED_REQUEST")

@@ -114,16 +114,22 @@ class CompatService:
             ) from None
         minimum = self.min_gas_price()
         if tx.gas_price != minimum:
+            # The catalogue's members: the bound crossed (`min` below it, `max` above it) and its limit; on
+            # this route both bounds are the network minimum.
             raise ApiError(
                 "GAS_PRICE_OUT_OF_RANGE",
                 detail=f"gasPrice must be the network minimum {minimum} on this route",
-                details={"min": minimum, "max": minimum, "actual": tx.gas_price},
+                details={
+                    "limit": minimum,
+                    "actual": tx.gas_price,
+                    "bound": "min" if tx.gas_price < minimum else "max",
+                },
             )
         if tx.gas_limit > COMPAT_MAX_GAS_LIMIT:
             raise ApiError(
                 "GAS_LIMIT_TOO_HIGH",
                 detail=f"gasLimit is at most {COMPAT_MAX_GAS_LIMIT} on this route",
-                details={"max": COMPAT_MAX_GAS_LIMIT, "actual": tx.gas_limit},
+                details={"limit": COMPAT_MAX_GAS_LIMIT, "actual": tx.gas_limit},
             )
         sender = tx.sender.to_bech32()
         relayer = tx.relayer.to_bech32() if tx.relayer is not None and not tx.relayer.is_empty() else ""
