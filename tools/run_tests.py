@@ -25,6 +25,19 @@ POSTGRES_URL = os.environ.get(
 REDIS_URL = os.environ.get("GASLESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 JS_CLIENTS = ROOT / "tests" / "mcp" / "js"
 NPM_TIMEOUT_S = 600
+WORKERS = 2  # the machines this runs on have two cores; more workers only contend
+
+
+def parallel(extra: list[str]) -> list[str]:
+    """pytest-xdist workers, one per core (at most WORKERS), unless the caller chose (`-n`, `-p no:xdist`)
+    or runs a subset: tests are independent (own databases, keys, ports and localnets), and on two cores a
+    full run takes about half the time."""
+    chosen = any(
+        a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in extra
+    )
+    if chosen or any(not a.startswith("-") for a in extra):
+        return []
+    return ["-n", str(max(1, min(WORKERS, os.cpu_count() or 1)))]
 
 
 def answers(host: str, port: int) -> bool:
@@ -105,7 +118,7 @@ def main() -> int:
         else "PostgreSQL and Redis suites, browser and MCP TypeScript client tests: enabled."
     )
     print(notice, flush=True)
-    args = [sys.executable, "-m", "pytest", *sys.argv[1:]]
+    args = [sys.executable, "-m", "pytest", *parallel(sys.argv[1:]), *sys.argv[1:]]
     code = subprocess.call(args, cwd=ROOT, env=env)
     if skipped:
         print(notice, flush=True)
