@@ -62,7 +62,12 @@ def test_catalogue_matches_the_contract_tables() -> None:
         assert set(details) == set(entry.details), code
     for code, (status, retryable, group, resign, details) in OTHER_ERRORS.items():
         entry = CATALOGUE[code]
-        assert (entry.status, entry.retryable, entry.group, entry.resign) == (status, retryable, group, resign)
+        assert (entry.status, entry.retryable, entry.group, entry.resign) == (
+            status,
+            retryable,
+            group,
+            resign,
+        )
         assert entry.details == details, code
 
 

@@ -1,4 +1,4 @@
-"""Account-stream event ids are host-specific and process-specific (spec: not resumable across hosts or
+"""Account-stream event ids are host-specific and process-specific (interface contract: not resumable across hosts or
 restarts)."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ make_env = relay_env.make_env
 unpaused_localnet = relay_env.unpaused_localnet
 problem = relay_env.problem
 
-# The platform group of the spec's Errors table: code -> HTTP status (never retryable, no `resign`).
+# The platform group of the interface contract's Errors table: code -> HTTP status (never retryable, no `resign`).
 PLATFORM_STATUS = {
     "UNAUTHENTICATED": 401,
     "TOKEN_INVALID": 401,
@@ -42,7 +42,7 @@ PLATFORM_STATUS = {
 
 
 def check_platform_problem(response: Any, code: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-    """`response` is the spec's problem document for platform `code`, with exactly `details` (or none)."""
+    """`response` is the interface contract's problem document for platform `code`, with exactly `details` (or none)."""
     status = PLATFORM_STATUS[code]
     assert response.status_code == status, f"{response.status_code}: {response.text}"
     assert response.headers["content-type"].startswith("application/problem+json"), response.headers

@@ -142,7 +142,7 @@ def test_draining_keeps_serving_cached_users_and_retired_says_clear_the_cache(
 
 
 def test_every_status_of_compat_rule_4(make_env: Any, tmp_path: Path, operator: Any) -> None:
-    # The spec's compat limit is 1 RU/s with a burst of 5; here the burst is the spec's and nothing refills
+    # The interface contract's compat limit is 1 RU/s with a burst of 5; here the burst is the interface contract's and nothing refills
     # during the test (a slow machine must not let a sixth relay through).
     assert RouteLimitTable().compat_sender == Rate(1, 5)
     table = RouteLimitTable(public_read_ip=Rate(1_000, 1_000), compat_sender=Rate(0.001, 5))

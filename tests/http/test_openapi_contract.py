@@ -51,7 +51,7 @@ CACHED_READS = (
     "listRelayers",
     "getRelayer",
 )
-# Names the spec's endpoint tables give to request and response shapes of the implemented operations.
+# Names the interface contract's endpoint tables give to request and response shapes of the implemented operations.
 SPEC_SCHEMAS = {
     "PricingDocument",
     "NotificationPrefs",

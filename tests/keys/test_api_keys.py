@@ -210,7 +210,7 @@ def test_revocation_reaches_another_host_within_the_cache_lifetime(make_env: Any
 
     # On b, move the lookup cache's clock past its lifetime instead of sleeping: then b reads the database.
     service_b = host_b.client.app.state.host.api_key_service
-    assert CACHE_TTL_MS < 2_000  # the spec's bound on revocation reaching every host
+    assert CACHE_TTL_MS < 2_000  # the interface contract's bound on revocation reaching every host
     service_b.clock = lambda: time.monotonic() + service_b.cache_ttl_ms / 1000 + 0.001
     assert key_check(host_b)["details"] == {"reason": "revoked"}
 

@@ -60,7 +60,7 @@ CAN_PASS_LATER = {
     "SIGNER_FENCED": "the signer's fence is held again",
     "INTERNAL": "a failure before the commit point; nothing was sent",
 }
-# Retryable in the spec's table although the request must change: the client renews the lease and resends
+# Retryable in the interface contract's table although the request must change: the client renews the lease and resends
 # the same signed bytes with the new lease. Listed so that no other code joins it unnoticed.
 RETRYABLE_AFTER_A_CHANGE = {"LEASE_EXPIRED": "renew the lease (POST /v1/relay/assign renewFor)"}
 

@@ -76,7 +76,7 @@ def test_deposit_then_subscribe_from_credits(env: Any) -> None:
 
 
 def test_a_quote_lives_at_most_120_000_ms_from_its_issue(env: Any) -> None:
-    """The spec's purchase quote validity is 120 000 ms: `expiresAtMs` is never further than that from the
+    """The interface contract's purchase quote validity is 120 000 ms: `expiresAtMs` is never further than that from the
     moment the quote was given, and a client keeps more than 110 000 ms of it."""
     buyer = env.new_sender(plan=False)
     fund(env, buyer.address, usdc_micro=20_000_000)

@@ -74,7 +74,7 @@ def test_a_relayer_retired_on_chain_is_retired_in_the_registry_and_never_assigne
 
     entry = wait_for(retired, "the registry following the contract")
     assert entry["assignable"] is False
-    # The state came from the view the spec names as the authority, asked per relayer.
+    # The state came from the view the interface contract names as the authority, asked per relayer.
     with urllib.request.urlopen(f"{env.localnet.url}/localnet/requests", timeout=5) as answer:
         asked = json.loads(answer.read())["data"]["requests"]
     assert asked.get("POST /vm-values/query getRelayerState", 0) > 0, asked

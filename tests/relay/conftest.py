@@ -135,7 +135,7 @@ DOCS_ERRORS_URL = "https://docs.gasless.example/errors/"
 
 
 def check_problem(response: Any, code: str) -> dict[str, Any]:
-    """The response is the spec's problem document for `code`; returns it."""
+    """The response is the interface contract's problem document for `code`; returns it."""
     status, retryable, resign, details = SPEC_ERRORS[code]
     assert response.status_code == status, f"{response.status_code}: {response.text}"
     assert response.headers["content-type"].startswith("application/problem+json"), response.headers
@@ -164,7 +164,7 @@ def check_problem(response: Any, code: str) -> dict[str, Any]:
 
 @pytest.fixture
 def problem() -> Callable[[Any, str], dict[str, Any]]:
-    """`problem(response, code)`: assert the spec's problem document for `code` and return it."""
+    """`problem(response, code)`: assert the interface contract's problem document for `code` and return it."""
     return check_problem
 
 

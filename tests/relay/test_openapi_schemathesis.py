@@ -67,7 +67,7 @@ schemathesis.openapi.format(
 # A well-formed request the service refuses for a reason no schema holds is not "valid data rejected". The
 # check already expects 2xx, 3xx, 401 and 403 (no credential of ours can be generated), 404 (a generated id
 # names nothing), 409 (state conflicts) and 429; the operations below also refuse well-formed requests on
-# the network's or the contract's state, with the spec's codes (docs/openapi.md, "schemathesis"):
+# the network's or the contract's state, with the interface contract's codes (docs/openapi.md, "schemathesis"):
 #   402 NO_ENTITLEMENT (the generated sender has no plan), 410 RELAYER_RETIRED, and 422 for what the
 #   network decides: the sender signature (a generated one never verifies), the gas price and gas limit
 #   against the network's figures, an unknown relayer, the balance. The purchase builders refuse on the
@@ -170,7 +170,7 @@ def contract_schema(env: Any) -> Any:
     @schema.hook("map_case")
     def as_a_client_would_send_it(context: Any, case: Any) -> Any:
         # A cursor is minted by the service and MAC'd: a generated one, however well formed, is forged and
-        # 400 CURSOR_INVALID (the spec's code). Listings are paged with real cursors in their own tests.
+        # 400 CURSOR_INVALID (the interface contract's code). Listings are paged with real cursors in their own tests.
         if isinstance(case.query, dict):
             case.query.pop("cursor", None)
             # The one rule across parameters, `from` at most `to` (docs/api-conventions.md), which OpenAPI

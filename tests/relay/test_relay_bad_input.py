@@ -375,7 +375,7 @@ def test_out_of_range_nonces_outside_a_transaction_are_malformed(
 def test_stray_guardian_on_an_unguarded_tx_is_refused(env: Any, problem: Any) -> None:
     """The node refuses a guardian on a transaction without the guarded option: it must never be co-signed.
 
-    The spec names no code for it; any 4xx problem of the catalogue is accepted.
+    The interface contract names no code for it; any 4xx problem of the catalogue is accepted.
     """
     sender = env.new_sender(1)
     assignment = env.assign(sender)

@@ -1,6 +1,6 @@
 """Every relay-group error of `POST /v1/relay`, reached through HTTP with real signatures on localnet.
 
-Each test asserts the spec's problem document (status, code, retryable, resign, type, instance, details)
+Each test asserts the interface contract's problem document (status, code, retryable, resign, type, instance, details)
 with the `problem` fixture, and that nothing was sent with the `nothing_sent` fixture: the submission reads
 `REJECTED` with the code, the sender's nonce and pool on the localnet gateway are what the test itself put
 there, and the transaction as our relayer would have co-signed it is unknown to the network.
@@ -92,7 +92,7 @@ def accepted(env: Any, tx: Transaction, lease: str, **extra: Any) -> dict[str, A
     """Relay and expect 200 or 202.
 
     A SIGNER_TIMEOUT (a loaded test machine against the 250 ms deadline) is retried with the same bytes, as
-    the spec's `SAME_BYTES` says; nothing was sent with it.
+    the interface contract's `SAME_BYTES` says; nothing was sent with it.
     """
     for _ in range(10):
         response = env.relay(tx, lease, **extra)

@@ -1,4 +1,4 @@
-"""GET /v1/status after real relays on localnet: every member with measured values, null where the spec
+"""GET /v1/status after real relays on localnet: every member with measured values, null where the interface contract
 says (a day without data, 30 days not yet reached); float labels and components follow the relayers and the
 contract; open incidents show; the feed publisher writes the three files atomically."""
 

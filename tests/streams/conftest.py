@@ -31,7 +31,7 @@ AuthKit = auth_env.AuthKit
 
 
 def check_ticket_invalid(response: Any, reason: str) -> dict[str, Any]:
-    """The spec's platform problem STREAM_TICKET_INVALID (401, not retryable), with `details.reason`."""
+    """The interface contract's platform problem STREAM_TICKET_INVALID (401, not retryable), with `details.reason`."""
     assert response.status_code == 401, f"{response.status_code}: {response.text}"
     assert response.headers["content-type"].startswith("application/problem+json"), response.headers
     body = response.json()

@@ -188,7 +188,7 @@ def test_a_quote_mac_of_the_other_environment_does_not_verify(env: Any) -> None:
 
 
 def test_a_challenge_never_allows_more_than_the_quote_validity(env: Any) -> None:
-    """`maxTimeoutSeconds` follows the quote's real end: at most 120 s (the spec's quote validity)."""
+    """`maxTimeoutSeconds` follows the quote's real end: at most 120 s (the interface contract's quote validity)."""
     _, body = funded_payer(env)
     required = challenge(env, body)
     for entry in required.accepts:
@@ -251,7 +251,7 @@ def test_the_payment_id_and_the_request_must_match(env: Any) -> None:
 
     problem = refused(env, body, header_with(required, payer, drop_id), "PAYMENT_INVALID")
     assert problem["details"]["reason"] == "payment_id_missing"
-    # The id where the spec writes it (`.id`) is accepted as well as x402's `.info.id`.
+    # The id where the interface contract writes it (`.id`) is accepted as well as x402's `.info.id`.
     header, _ = pay_header(required, UserKey(payer.key), payment_id="pay_spec_place_0123456789")
     document = decode_payment_signature_header(header)
     assert isinstance(document, PaymentPayload) and document.extensions is not None

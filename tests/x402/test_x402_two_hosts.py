@@ -1,6 +1,6 @@
-"""x402 across two real hosts (a and b) on one PostgreSQL and one Redis, with the spec's request limits:
+"""x402 across two real hosts (a and b) on one PostgreSQL and one Redis, with the interface contract's request limits:
 a challenge minted on host a is paid on host b; the same payment id replayed to the other host returns the
-stored result. The hosts run the spec's request limits (1 req/s per IP on the paid routes, one bucket in
+stored result. The hosts run the interface contract's request limits (1 req/s per IP on the paid routes, one bucket in
 Redis for both): the client paces itself by Retry-After."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Account mirror read models (member names are ours: the spec leaves them open; docs/mirror.md)."""
+"""Account mirror read models (member names are ours: the interface contract leaves them open; docs/mirror.md)."""
 
 from __future__ import annotations
 

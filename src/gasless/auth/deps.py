@@ -1,4 +1,4 @@
-"""Reusable FastAPI dependencies for the spec's authentication schemes; each is one line on a route.
+"""Reusable FastAPI dependencies for the interface contract's authentication schemes; each is one line on a route.
 
  public              nothing is read (`dependencies=[Public]` documents it)
  NativeAuthCaller    `Authorization: Bearer <native-auth token>` -> Caller (401 UNAUTHENTICATED,

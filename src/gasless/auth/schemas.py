@@ -1,4 +1,4 @@
-"""Response shapes of the identity route, named as the spec names them."""
+"""Response shapes of the identity route, named as the interface contract names them."""
 
 from __future__ import annotations
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-MAX_DATA_BYTES_SELF_SERVE = 4_096  # spec: Limits, per-transaction ceilings (more only by allow-list)
-# The account's flag calls (spec: Purchase builders rule 3): free up to the per-account free flag limits,
+MAX_DATA_BYTES_SELF_SERVE = (
+    4_096  # interface contract: Limits, per-transaction ceilings (more only by allow-list)
+)
+# The account's flag calls (interface contract: Purchase builders rule 3): free up to the per-account free flag limits,
 # only for an address with an on-chain account; `renew` is free only for the signer's own account.
 FLAG_FUNCTIONS = frozenset({"setAutoRenew", "setPayg", "releaseEscrow", "renew"})
 # The billing contract's errors that mean a catalogue condition: a failed execution reports the code on its

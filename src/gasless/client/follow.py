@@ -3,7 +3,7 @@
 - Each `intent` event's data is an Intent; `id:` is the intent's change counter.
 - A dropped connection (or a stream that ends early without a final event) is resumed with
   `Last-Event-ID`, so nothing is seen twice; after `max_reconnects` failures in a row the client polls.
-- The server closes the stream after its lifetime (120 000 ms); then the client polls, as the spec says.
+- The server closes the stream after its lifetime (120 000 ms); then the client polls, as the interface contract says.
 - A stream refused with `RATE_LIMITED` (too many streams from this IP) is not retried: the client polls,
   and a poll refused with `RATE_LIMITED` waits as asked and reads again.
 - Iteration stops after the first intent with `final: true` (`FINALIZED`, `DEAD`, `REJECTED`).

@@ -8,8 +8,8 @@ their parameters with these patterns (FastAPI refuses a mismatch with `400 MALFO
 
 Ranges (docs/api-conventions.md, "Input formats"):
 
-- a nonce is an int64 (0 to 2^63 - 1), as the spec's Intent says;
-- gas limits, gas prices, timestamps and other operational integers stay below 2^53 (the spec's data
+- a nonce is an int64 (0 to 2^63 - 1), as the interface contract's Intent says;
+- gas limits, gas prices, timestamps and other operational integers stay below 2^53 (the interface contract's data
   conventions: JSON integers all below 2^53, exact in every JSON parser);
 - `version` and `options` are uint32, as on the network;
 - a native-coin amount (`value`) is a decimal string of at most 78 digits (every uint256, and what the
@@ -201,7 +201,7 @@ def resolve_markers(node: Any) -> Any:
 
 # Pydantic types: validated as the pattern says, documented as a reference to the component. The `*Doc` forms
 # are documented only: response members (the service wrote the value) and parameters the service judges
-# itself in an order the spec sets (`{erd}` of a credentialed route is read after the credential).
+# itself in an order the interface contract sets (`{erd}` of a credentialed route is read after the credential).
 Address = Annotated[str, StringConstraints(pattern=ADDRESS_PATTERN), WithJsonSchema(component_ref("Address"))]
 TxHash = Annotated[str, StringConstraints(pattern=TX_HASH_PATTERN), WithJsonSchema(component_ref("TxHash"))]
 IntentIdOrTxHash = Annotated[

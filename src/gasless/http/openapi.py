@@ -1,7 +1,7 @@
 """The OpenAPI 3.1 document served at `/openapi.json`, generated from the routes.
 
 FastAPI's generator supplies paths, parameters, request bodies and success schemas (routes set their own
-`operation_id` and `response_model`). `build_document` then makes the result the contract the spec asks
+`operation_id` and `response_model`). `build_document` then makes the result the contract the interface contract asks
 for, for every route, including routes added later:
 
 - one `Problem` schema (RFC 9457 plus `code`, whose enum is the error catalogue) and, per operation, the
@@ -9,7 +9,7 @@ for, for every route, including routes added later:
   from `OPERATIONS` (keyed by operation id), or from `default_contract` for an operation not listed there;
 - FastAPI's `422 HTTPValidationError` removed (a request that fails validation is 400 MALFORMED_REQUEST);
 - the security schemes `nativeAuth`, `apiKey` and `x402`, and `security` on every operation (`[]` public);
-- the response headers the spec names (`Relay-Request-Id` everywhere, `RateLimit-*` and `Retry-After` on
+- the response headers the interface contract names (`Relay-Request-Id` everywhere, `RateLimit-*` and `Retry-After` on
   429, `Cache-Control`/`ETag` on cached reads, `PAYMENT-REQUIRED` on 402);
 - event streams documented as `text/event-stream`.
 

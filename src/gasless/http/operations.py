@@ -1,7 +1,7 @@
 """What the OpenAPI document says about each operation beyond FastAPI's generation: its error statuses
 and codes, its security, whether it is a cached read. Keyed by operation id; `default_contract` covers an
 operation that is not listed yet (read from its shape), so a new route is documented sensibly at once and
-listed here when its table row in the spec says more.
+listed here when its table row in the interface contract says more.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ _RELAY_422 = (
     "IDEMPOTENCY_KEY_REUSED",
 )
 
-# The spec's endpoint tables, plus 400 MALFORMED_REQUEST where there is input, 413 on bodies, 500, and 503
+# The interface contract's endpoint tables, plus 400 MALFORMED_REQUEST where there is input, 413 on bodies, 500, and 503
 # UPSTREAM_UNAVAILABLE on routes that need the relay core (answered while the host is still starting).
 OPERATIONS: dict[str, OperationContract] = {
     # Meta
@@ -205,7 +205,7 @@ OPERATIONS: dict[str, OperationContract] = {
 }
 
 
-# Contract mirror reads (spec: Account reads) and the usage proof (Dashboard read models).
+# Contract mirror reads (interface contract: Account reads) and the usage proof (Dashboard read models).
 _MIRROR_READ: dict[int, tuple[str, ...]] = {
     400: ("MALFORMED_REQUEST",),
     404: ("NOT_FOUND",),
@@ -226,7 +226,7 @@ OPERATIONS.update(
                 401: (*_NATIVE_ROUTE_401, "API_KEY_INVALID"),
                 403: ("FORBIDDEN", "API_KEY_SCOPE", "ORIGIN_NOT_ALLOWED"),
                 404: ("NOT_FOUND",),
-                # Not yet committed in an on-chain root: the spec names no code (docs/settlement.md).
+                # Not yet committed in an on-chain root: the interface contract names no code (docs/settlement.md).
                 409: ("IDEMPOTENCY_IN_PROGRESS",),
                 429: ("RATE_LIMITED",),
                 500: ("INTERNAL",),
@@ -239,7 +239,7 @@ OPERATIONS.update(
 
 
 def _key_route(*extra: int) -> OperationContract:
-    """Keys routes (spec: Keys, webhooks, notifications, streams): native-auth, owner writes."""
+    """Keys routes (interface contract: Keys, webhooks, notifications, streams): native-auth, owner writes."""
     problems: dict[int, tuple[str, ...]] = {
         400: ("MALFORMED_REQUEST",),
         401: _NATIVE_ROUTE_401,
@@ -264,14 +264,14 @@ def _signed_action(contract: OperationContract) -> OperationContract:
 OPERATIONS.update(
     {
         "listApiKeys": _key_route(),
-        # The spec's 422 on these rows has no catalogue code: schema failures are 400 MALFORMED_REQUEST.
+        # The interface contract's 422 on these rows has no catalogue code: schema failures are 400 MALFORMED_REQUEST.
         "createApiKey": _signed_action(_key_route(409, 413)),
         "updateApiKey": _key_route(404, 413),
         "revokeApiKey": _key_route(404),
     }
 )
 
-# Streams (spec: Keys, webhooks, notifications, streams): native-auth or a read key; `GET /v1/stream` also
+# Streams (interface contract: Keys, webhooks, notifications, streams): native-auth or a read key; `GET /v1/stream` also
 # takes a single-use ticket in the query (the empty alternative: no header credential).
 _STREAM_PROBLEMS: dict[int, tuple[str, ...]] = {
     400: ("MALFORMED_REQUEST",),
@@ -364,7 +364,7 @@ def security_of(operation: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(requirement) for requirement in operation.get("security", ()))
 
 
-# Usage reads (spec: Dashboard read models): native-auth owner/sender or a sponsor key with `read`.
+# Usage reads (interface contract: Dashboard read models): native-auth owner/sender or a sponsor key with `read`.
 def _usage_route(*extra: int) -> OperationContract:
     problems: dict[int, tuple[str, ...]] = {
         400: ("MALFORMED_REQUEST",),
@@ -401,14 +401,14 @@ OPERATIONS.update(
         "ackNotices": dataclasses.replace(
             _usage_route(), problems={**_usage_route().problems, 413: ("PAYLOAD_TOO_LARGE",)}
         ),
-        # Notification preferences (spec: Keys, webhooks, notifications): as the key routes.
+        # Notification preferences (interface contract: Keys, webhooks, notifications): as the key routes.
         "getNotificationPrefs": _key_route(),
         "putNotificationPrefs": _key_route(413),
     }
 )
 
 
-# Incidents (spec: Registry and status): public cached reads; a malformed id is simply not found.
+# Incidents (interface contract: Registry and status): public cached reads; a malformed id is simply not found.
 OPERATIONS.update(
     {
         "listIncidents": OperationContract(
@@ -425,7 +425,7 @@ OPERATIONS.update(
 )
 
 
-# Pricing (spec: Pricing): public cached reads built from the contract's views.
+# Pricing (interface contract: Pricing): public cached reads built from the contract's views.
 OPERATIONS.update(
     {
         "getPricing": OperationContract(
@@ -445,7 +445,7 @@ OPERATIONS.update(
 )
 
 
-# Purchase builders (spec: Purchase builders): public, limited per IP; nothing is built when refused.
+# Purchase builders (interface contract: Purchase builders): public, limited per IP; nothing is built when refused.
 _PREPARE_COMMON: Mapping[int, tuple[str, ...]] = {
     400: ("MALFORMED_REQUEST",),
     413: ("PAYLOAD_TOO_LARGE",),
@@ -485,7 +485,7 @@ OPERATIONS.update(
     }
 )
 
-# x402 (spec: x402 purchase flow). A relay refusal that a retry may cure passes through with its own code
+# x402 (interface contract: x402 purchase flow). A relay refusal that a retry may cure passes through with its own code
 # (the payment record is dropped, so the same payment id can be retried); the others make the payment
 # PAYMENT_FAILED (or PAYMENT_INVALID when the payment itself did not verify).
 _X402_PAID: Mapping[int, tuple[str, ...]] = {
@@ -534,7 +534,7 @@ OPERATIONS.update(
     }
 )
 
-# The starter-kit facade (spec: Compatibility facade, compat rule 4): only 200, 400, 403, 404, 429 and 500;
+# The starter-kit facade (interface contract: Compatibility facade, compat rule 4): only 200, 400, 403, 404, 429 and 500;
 # every error is a problem document with the catalogue code and the kit's `error` string.
 _COMPAT_400 = (
     "MALFORMED_REQUEST",
@@ -567,7 +567,7 @@ OPERATIONS.update(
     }
 )
 
-# The relayer registry (spec: Registry and status).
+# The relayer registry (interface contract: Registry and status).
 OPERATIONS.update(
     {
         "listRelayers": OperationContract(

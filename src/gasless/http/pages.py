@@ -63,7 +63,7 @@ def page_params(
         Query(
             description="the previous page's `nextCursor`, as it was given (opaque; a cursor that is "
             "malformed, forged, of another listing or expired is 400 CURSOR_INVALID)",
-            # Documented here, judged by CursorCodec.open: the spec answers CURSOR_INVALID, not a schema error.
+            # Documented here, judged by CursorCodec.open: the interface contract answers CURSOR_INVALID, not a schema error.
             json_schema_extra={"pattern": CURSOR_PATTERN, "maxLength": MAX_CURSOR_CHARS},
         ),
     ] = None,

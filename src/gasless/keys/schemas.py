@@ -1,4 +1,4 @@
-"""Request and response shapes of the sponsor API key routes, named as the spec names them."""
+"""Request and response shapes of the sponsor API key routes, named as the interface contract names them."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ environment's master secret with env + chainId in its info, so a key cannot veri
 
 Lookups keep a small per-host cache keyed by key id (row snapshot, or "no such key") that lives
 `cache_ttl_ms` (1 000 ms): with hosts sharing the database, a revocation made on one host is seen by every
-other host within that time, well inside the spec's 2 000 ms; the revoking host drops its entry at once.
+other host within that time, well inside the interface contract's 2 000 ms; the revoking host drops its entry at once.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from gasless.keys.repository import ApiKeyRepository, ApiKeyRow, SlotsFull
 from gasless.keys.schemas import ApiKey, ApiKeyCreated, ApiKeyPolicy
 
 MAX_ACTIVE_KEYS = 10
-CACHE_TTL_MS = 1_000  # < the spec's 2 000 ms revocation bound, with room for a slow read
+CACHE_TTL_MS = 1_000  # < the interface contract's 2 000 ms revocation bound, with room for a slow read
 CACHE_SIZE = 10_000
 _NO_SUCH_KEY = object()
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 REF_PREFIX = "#/components/schemas/"
-MAX_BATCH = 16  # spec: `relay_batch` over MCP, 16 transactions
+MAX_BATCH = 16  # interface contract: `relay_batch` over MCP, 16 transactions
 
 # JSON Schema 2020-12's own formats (section 7.3); every other is a name only its author knows.
 STANDARD_FORMATS = frozenset(

@@ -1,4 +1,4 @@
-"""The MCP server: tools and resources over the service's own HTTP routes (spec: "An MCP server exposes
+"""The MCP server: tools and resources over the service's own HTTP routes (interface contract: "An MCP server exposes
 tools over the same functions").
 
 A tool answers the route's success document as structured content (and the same JSON as text), under an

@@ -165,7 +165,7 @@ class ContractMirror:
         return bool(await self._cache.get(("venue",), load, ttl_ms=1_000))
 
     async def relayer_states(self, addresses: Sequence[str]) -> dict[str, tuple[str, int]]:
-        """The contract's state of each relayer, from `getRelayerState` (the authority the spec names): address
+        """The contract's state of each relayer, from `getRelayerState` (the authority the interface contract names): address
         -> (state `active`|`draining`|`retired`, since ms); a relayer the contract does not know is left out.
         Read now (the relayer pool asks on its own refresh period)."""
 

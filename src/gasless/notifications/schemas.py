@@ -1,4 +1,4 @@
-"""Notification preference shapes (spec: NotificationPrefs, NotificationPrefsUpdate; members are ours)."""
+"""Notification preference shapes (interface contract: NotificationPrefs, NotificationPrefsUpdate; members are ours)."""
 
 from __future__ import annotations
 

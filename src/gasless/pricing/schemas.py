@@ -1,6 +1,6 @@
 """The pricing document (schema version `pricing-v1`) and the tariff history entries.
 
-Money (micro-USDC), RU, gas and atto amounts are decimal strings (spec: data conventions, pricing
+Money (micro-USDC), RU, gas and atto amounts are decimal strings (interface contract: data conventions, pricing
 documents); ids, versions and durations (`...Ms`) are JSON integers.
 """
 

@@ -21,7 +21,7 @@ import rfc8785
 
 from gasless.crypto import PurposeKeys, b64url, b64url_decode
 
-QUOTE_VALIDITY_MS = 120_000  # the spec's purchase quote validity
+QUOTE_VALIDITY_MS = 120_000  # the interface contract's purchase quote validity
 QUOTE_BUCKET_MS = 10_000  # same inputs, same quote within this; a client keeps > 110 000 ms of validity
 QUOTE_VERSION = 1
 

@@ -133,7 +133,7 @@ def parse_transaction(wire: Any, field_prefix: str = "tx") -> Transaction:
 def parse_relay_body(
     body: Any, header_key: str | None, *, members: frozenset[str] = RELAY_MEMBERS
 ) -> ParsedRelay:
-    """The relay request's members in the spec's order of refusal."""
+    """The relay request's members in the interface contract's order of refusal."""
     if not isinstance(body, dict):
         raise ApiError("MALFORMED_REQUEST", detail="body must be a JSON object", details={"field": "body"})
     for name in VARIANT_MEMBERS:

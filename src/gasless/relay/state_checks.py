@@ -1,5 +1,5 @@
 """Checks against the sender's chain state and our own records: guardian, nonce and slot, gap, balance,
-and in-flight count (spec: Relay checks, in order). Used by relay and validate alike."""
+and in-flight count (interface contract: Relay checks, in order). Used by relay and validate alike."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from gasless.relay.intents import intent_from_row
 from gasless.relay.leases import Lease
 from gasless.relay.repository import SenderView
 
-MAX_IN_FLIGHT = 64  # non-terminal intents per sender (spec: In flight and free flow)
+MAX_IN_FLIGHT = 64  # non-terminal intents per sender (interface contract: In flight and free flow)
 
 
 def state_checks(
@@ -27,7 +27,7 @@ def state_checks(
     round_ms: int,
     assign: AssignService,
 ) -> list[Callable[[], Any]]:
-    """The checks against the sender's chain state and our own records, in the spec's order; the last
+    """The checks against the sender's chain state and our own records, in the interface contract's order; the last
     callable returns the slot sequence the commit uses."""
     tx = parsed.tx
     nonce = tx.nonce

@@ -17,7 +17,7 @@ from gasless.errors import ApiError
 from gasless.mirror.events import plain
 from gasless.settlement.merkle import LEAF_DATA_BYTES, ProofStep, leaf_hash, root_from_path
 
-# The spec names no code for "row not yet committed in a root" and the catalogue is exactly the spec's:
+# The interface contract names no code for "row not yet committed in a root" and the catalogue is exactly the interface contract's:
 # the retryable 409 of the platform group is the closest; `details.reason` says which case it is
 # (docs/usage.md, docs/settlement.md).
 PROOF_PENDING_CODE = "IDEMPOTENCY_IN_PROGRESS"

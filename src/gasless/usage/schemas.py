@@ -1,4 +1,4 @@
-"""Usage rows, the single-row view and the usage summary, named as the spec names them."""
+"""Usage rows, the single-row view and the usage summary, named as the interface contract names them."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class GatewayAck(BaseModel):
 
 
 class UsageRow(BaseModel):
-    """The spec's UsageRow: one terminal intent of the ledger, as `GET /v1/usage` lists it (with
+    """The interface contract's UsageRow: one terminal intent of the ledger, as `GET /v1/usage` lists it (with
     `includeInFlight=true` also an in-flight intent, `inFlight`, or a submission refused before the commit
     point, `state: REJECTED`, `rejectCode`) and as `GET /v1/usage/{txHash}` answers it, that route adding
     `settlement` and `acknowledgements`."""

@@ -199,7 +199,7 @@ class X402Challenges:
 
     @staticmethod
     def payment_id(payload: PaymentPayload) -> str:
-        """`extensions['payment-identifier'].info.id` (x402 v2), or `.id` as the spec writes it."""
+        """`extensions['payment-identifier'].info.id` (x402 v2), or `.id` as the interface contract writes it."""
         found = extract_payment_identifier(payload, validate=False)
         if found is None and payload.extensions:
             extension = payload.extensions.get(PAYMENT_IDENTIFIER)

@@ -1,6 +1,6 @@
 """The localnet genesis configuration of the billing contract, applied as if the owner had sent the calls.
 
-Rate classes follow the spec's table; tiers, prices and the other figures are localnet's choice (on the
+Rate classes follow the interface contract's table; tiers, prices and the other figures are localnet's choice (on the
 real networks they are contract configuration). The contract stays paused: the embedded default unpauses
 it with a real owner transaction.
 """
