@@ -20,6 +20,7 @@ _computer = TransactionComputer()
 _HEX = re.compile("[0-9a-fA-F]*")
 
 INT64_MAX = 2**63 - 1
+UINT64_MAX = 2**64 - 1  # the network's type for gas limit and gas price
 SAFE_INT_MAX = 2**53 - 1
 UINT32_MAX = 2**32 - 1
 AMOUNT_DIGITS = 78  # uint256 in decimal
@@ -77,7 +78,10 @@ def _uint(d: dict[str, Any], name: str, *, required: bool, maximum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise WireError(name, "must be an integer")
     if value < 0 or value > maximum:
-        raise WireError(name, f"must be between 0 and {maximum}", above=value if value > maximum else None)
+        # Above the range but within the network's own type (uint64): an integer that is too large, which a
+        # caller may answer with a catalogue ceiling rather than as malformed.
+        above = value if maximum < value <= UINT64_MAX else None
+        raise WireError(name, f"must be between 0 and {maximum}", above=above)
     return value
 
 

@@ -7,12 +7,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
+from gasless.chain.codec import UINT64_MAX
 from gasless.http.formats import (
     AMOUNT_DIGITS,
     AMOUNT_PATTERN,
     BASE64_PATTERN,
     INT64_MAX,
-    SAFE_INT_MAX,
     SIGNATURE_PATTERN,
     UINT32_MAX,
     VISIBLE_ASCII_KEY_PATTERN,
@@ -70,8 +70,10 @@ def transaction_schemas(chain_id: str) -> dict[str, dict[str, Any]]:
         "sender": ref("Address"),
         "senderUsername": {"anyOf": [base64, _NULL]},
         "receiverUsername": {"anyOf": [base64, _NULL]},
-        "gasPrice": _uint(SAFE_INT_MAX, "below 2^53"),
-        "gasLimit": _uint(SAFE_INT_MAX, "below 2^53"),
+        # uint64, the network's type: above the network's ceiling (it is far below 2^53) is 422
+        # GAS_LIMIT_TOO_HIGH / GAS_PRICE_OUT_OF_RANGE, not a malformed body.
+        "gasPrice": _uint(UINT64_MAX, "uint64; above twice the network minimum is GAS_PRICE_OUT_OF_RANGE"),
+        "gasLimit": _uint(UINT64_MAX, "uint64; above the network ceiling is GAS_LIMIT_TOO_HIGH"),
         "data": {"anyOf": [base64, _NULL]},
         "chainID": {"type": "string", "const": chain_id, "description": "the chain this host serves"},
         "version": _uint(UINT32_MAX, "uint32"),
