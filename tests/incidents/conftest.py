@@ -79,10 +79,11 @@ class Admin:
         return self.runner.invoke(cli, ["admin", "incident", *args, "--database-url", self.database_url])
 
     def ok(self, *args: str) -> dict[str, Any]:
-        """Run a command that succeeds and prints the incident as JSON (its last stdout line)."""
-        result = self.run(*args)
+        """Run a command that succeeds and prints the incident as JSON (`--json`: its one stdout line)."""
+        result = self.run(*args, "--json")
         assert result.exit_code == 0, result.output
-        return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+        (line,) = result.stdout.strip().splitlines()
+        return json.loads(line)  # type: ignore[no-any-return]
 
     def open(self, title: str, body: str = "We are looking into it.", *extra: str) -> dict[str, Any]:
         return self.ok("open", "--title", title, "--body", body, *extra)

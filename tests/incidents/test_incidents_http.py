@@ -4,6 +4,7 @@ history, filters, time windows, pages and cursors, caching (ETag, 304), and the 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from typing import Any
@@ -100,10 +101,12 @@ def test_operator_incident_lifecycle_visible_over_http(api: Any, admin: Any, pro
     assert blank.exit_code == 1 and "title" in blank.output
     assert api.incidents()["items"] == [incident]
 
-    # `list` shows it (a table on stderr, one JSON line per incident on stdout).
+    # `list` shows it: a table on stdout (nothing on stderr), or one JSON line per incident with --json.
     listed = admin.run("list")
-    assert listed.exit_code == 0 and ident in listed.output
-    assert ident in listed.stdout.strip().splitlines()[-1]
+    assert listed.exit_code == 0 and ident in listed.stdout and not listed.stderr, listed.output
+    as_json = admin.run("list", "--json")
+    assert as_json.exit_code == 0 and not as_json.stderr, as_json.output
+    assert [json.loads(line)["id"] for line in as_json.stdout.strip().splitlines()] == [ident]
 
 
 def test_etag_and_304(api: Any, admin: Any) -> None:

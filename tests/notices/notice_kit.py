@@ -170,7 +170,9 @@ class Admin:
         self.runner = CliRunner()
 
     def ok(self, *args: str) -> dict[str, Any]:
-        result = self.runner.invoke(cli, ["admin", "incident", *args, "--database-url", self.database_url])
+        result = self.runner.invoke(
+            cli, ["admin", "incident", *args, "--json", "--database-url", self.database_url]
+        )
         assert result.exit_code == 0, result.output
         return json.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 

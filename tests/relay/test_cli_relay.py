@@ -57,6 +57,10 @@ async def test_relay_send_follows_to_finalized(served: Served, tmp_path: Path) -
     assert "FINALIZED" in output and "outcome=success" in output
     tx_hash = output.split("txHash=", 1)[1].split()[0]
     assert len(tx_hash) == 64
+    # Progress from the first state, each state once, in order; values in JSON's spelling, never Python's.
+    steps = [line.split()[0] for line in run.stdout.splitlines() if line.startswith("[")]
+    assert steps == ["[1/4]", "[2/4]", "[3/4]", "[4/4]"], run.stdout
+    assert "pinNonce" in run.stdout and "None" not in run.stdout and "False" not in run.stdout, run.stdout
 
     status = gasless("relay", "status", f"{key.address}:0", "--api", served.url, "--json")
     assert status.returncode == 0, status.stdout + status.stderr
@@ -68,12 +72,15 @@ async def test_relay_send_follows_to_finalized(served: Served, tmp_path: Path) -
     intent = json.loads(status.stdout)
     lines = {line.split()[1]: line for line in table.stdout.splitlines() if line.startswith("│")}
     assert tx_hash in lines["txHash"] and intent["relayer"] in lines["relayer"], table.stdout
-    assert receiver in lines["receiver"] and f"intent {key.address}:0" in table.stdout, table.stdout
+    assert receiver in lines["receiver"] and f"{key.address}:0" in lines["id"], table.stdout
 
-    # The account nonce moved on: the next send reads nonce 1 from the gateway, here without following.
-    second = gasless("relay", "send", *common, "--no-follow")
+    # The account nonce moved on: the next send, with neither --gateway nor --nonce, has the API read it
+    # (nonce 1), here without following: the progress shows the states the relay answer reached.
+    alone = ["--api", served.url, "--pem", str(pem), "--to", receiver, "--no-follow"]
+    second = gasless("relay", "send", *alone)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "nonce 1" in second.stdout and "FINALIZED" not in second.stdout
+    assert "[1/4] COSIGNED" in second.stdout and "billing=plan (1 RU)" in second.stdout, second.stdout
 
 
 async def test_relay_send_refused_exits_non_zero(served: Served, tmp_path: Path) -> None:
@@ -92,10 +99,22 @@ async def test_relay_send_refused_exits_non_zero(served: Served, tmp_path: Path)
         "9",
     )
     assert run.returncode == 2, run.stdout + run.stderr
-    assert "NONCE_GAP" in run.stdout
+    # A refusal is printed in the one form every command uses, on stderr (the code, status, detail, id).
+    assert run.stderr.startswith("refused: NONCE_GAP (409): nonce 9 skips ahead"), run.stderr
+    assert "request id: req_" in run.stderr and "refused" not in run.stdout, run.stdout
 
     missing = gasless("relay", "status", f"{key.address}:0", "--api", served.url)
-    assert missing.returncode == 2 and "NOT_FOUND" in missing.stdout
+    assert missing.returncode == 2 and missing.stderr.startswith("refused: NOT_FOUND (404):"), missing.stderr
+    assert missing.stdout == ""
+
+    # An id of neither form is refused before any request, naming the forms it could have.
+    nonsense = gasless("relay", "status", "nonsense", "--api", served.url)
+    assert nonsense.returncode == 2 and nonsense.stdout == "", nonsense.stdout
+    assert "`<erd1...>:<nonce>`" in nonsense.stderr and "64-hex transaction hash" in nonsense.stderr
+    # ... and by the API itself in words, not as a pattern to look up.
+    answer = requests.get(f"{served.url}/v1/relay/nonsense", timeout=10)
+    assert answer.status_code == 400 and "<erd1...>:<nonce>" in answer.json()["detail"], answer.text
+    assert "pattern" not in answer.json()["detail"], answer.text
 
 
 def env_without(*names: str, **values: str) -> dict[str, str]:

@@ -69,10 +69,10 @@ def test_the_status_page_in_a_browser_with_and_without_the_api(
         database = ["--database-url", settings.effective_database_url]
         opened = run(
             "admin", "incident", "open", "--title", "Slow inclusion on shard 1", "--body", "Investigating",
-            "--shard", "1", *database,
+            "--shard", "1", "--json", *database,
         )  # fmt: skip
         assert opened.returncode == 0, opened.stdout + opened.stderr
-        incident_id = json.loads(opened.stdout.strip().splitlines()[-1])["id"]
+        incident_id = json.loads(opened.stdout)["id"]
         updated = run(
             "admin", "incident", "update", incident_id, "--status", "identified", "--body", "A gateway is slow",
             *database,
@@ -118,6 +118,13 @@ def test_the_status_page_in_a_browser_with_and_without_the_api(
                     assert "3 samples" in page.locator('figure.latency[data-shard="1"]').first.inner_text()
                     assert page.locator('svg.availability rect.day[data-pct="100.0"]').count() == 1
                     assert "Published" in page.locator("p.age").inner_text()
+                    # Feed discovery, and every column explained (the float's label on hover and below).
+                    discovery = page.locator('head link[rel="alternate"][type="application/atom+xml"]')
+                    assert discovery.get_attribute("href") == "/feed/incidents.atom"
+                    assert "never a balance" in (page.locator("th.float").get_attribute("title") or "")
+                    assert "Relayer float" in page.locator("table.components caption").inner_text()
+                    for name in ("incidents.atom", "status.json", "incidents.json", "telemetry.json"):
+                        assert page.locator(f'p.feeds a[href="/feed/{name}"]').count() == 1
                     ARTIFACTS.mkdir(exist_ok=True)
                     page.screenshot(path=str(ARTIFACTS / "status-site.png"), full_page=True)
 
@@ -142,9 +149,13 @@ def test_the_status_page_in_a_browser_with_and_without_the_api(
                     # Feeds last published long ago (as after a long outage): the page says they are stale.
                     status = json.loads((feed / "status.json").read_text())
                     status["generatedAtMs"] -= 600_000
+                    status["latency"][0]["samples"] = 1  # one measured relay: "1 sample", not "1 samples"
                     (feed / "status.json").write_text(json.dumps(status))
                     page.reload()
                     assert "out of date" in page.inner_text("p.age") and "10 min" in page.inner_text("p.age")
+                    shard = status["latency"][0]["shard"]
+                    caption = page.locator(f'figure.latency[data-shard="{shard}"] figcaption').first
+                    assert caption.inner_text().endswith("(1 sample)"), caption.inner_text()
                     atom = requests.get(f"{url}/feed/incidents.atom", timeout=5)
                     assert atom.status_code == 200 and "Slow inclusion on shard 1" in atom.text
                     assert atom.headers["content-type"].startswith("application/atom+xml")

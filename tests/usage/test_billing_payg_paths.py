@@ -76,7 +76,21 @@ def test_payg_price_above_max_then_empty_escrow(env: Any, problem: Any) -> None:
     _user_call(env, account, "setPayg", [True, 0, False, SEED_RU_PRICE_MICRO])
     empty = _relay_until(env, account, "QUOTA_EXHAUSTED")
     body = problem(empty, "QUOTA_EXHAUSTED")
-    assert body["details"] == {"reason": "PAYG_ESCROW", "account": account.address}
+    # What the account holds and the one command that lets it relay (docs/billing.md).
+    command = "gasless x402 topup --pem <wallet.pem> --amount 1 --to-escrow"
+    assert body["details"] == {
+        "reason": "PAYG_ESCROW",
+        "account": account.address,
+        "runningPlan": "Agent Metered",
+        "creditsMicro": 0,
+        "escrowMicro": 0,
+        "nextCommand": command,
+    }
+    assert (
+        "a running Agent Metered plan, 0 USDC of credits and 0 USDC in the pay-as-you-go escrow"
+        in (body["detail"])
+        and f"`{command}`" in body["detail"]
+    ), body["detail"]
     assert "Retry-After" not in empty.headers
 
 
@@ -99,7 +113,6 @@ def test_spent_plan_falls_back_to_payg_which_needs_escrow(env: Any, problem: Any
         if reason == "PAYG_ESCROW" or time.monotonic() > deadline:
             break
         time.sleep(1.1)  # the per-sender assignment limit and the ~1 s account cache
-    assert problem(refused, "QUOTA_EXHAUSTED")["details"] == {
-        "reason": "PAYG_ESCROW",
-        "account": account.address,
-    }
+    body = problem(refused, "QUOTA_EXHAUSTED")
+    assert body["details"]["reason"] == "PAYG_ESCROW" and body["details"]["account"] == account.address
+    assert body["detail"].startswith("the plan's RU for this period are used up and pay-as-you-go"), body

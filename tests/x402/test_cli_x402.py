@@ -32,6 +32,8 @@ async def test_topup_then_purchase_from_the_command_line(served: Served, tmp_pat
     assert topup.returncode == 0, output
     assert "x402 challenge" in output and "x402 payment settled" in output and key.address in output
     assert "5000000" in output
+    # Credits alone do not relay: the top-up says which command moves them into the escrow.
+    assert f"gasless flags --pem {pem} --payg --payg-budget 5" in topup.stdout, topup.stdout
 
     bought = gasless(
         "x402", "purchase", "--pem", str(pem), "--tier", "starter", "--api", served.url, "--json"
@@ -49,5 +51,9 @@ async def test_refusals_exit_2_and_name_the_code(served: Served, tmp_path: Path)
     pem = write_pem(key, tmp_path / "payer.pem")
     broke = gasless("x402", "topup", "--pem", str(pem), "--amount", "5", "--api", served.url)
     assert broke.returncode == 2 and "INSUFFICIENT_SENDER_BALANCE" in broke.stderr, broke.stderr
+    # The one form of a refusal, on stderr, as every command prints it.
+    assert broke.stderr.startswith("refused: INSUFFICIENT_SENDER_BALANCE (422): "), broke.stderr
+    assert "request id: req_" in broke.stderr and "refused" not in broke.stdout, broke.stdout
     unknown = gasless("x402", "purchase", "--pem", str(pem), "--tier", "platinum", "--api", served.url)
     assert unknown.returncode == 2 and "no tier 'platinum'" in unknown.stderr, unknown.stderr
+    assert unknown.stderr.startswith("refused: NOT_FOUND (404): "), unknown.stderr

@@ -30,6 +30,8 @@ class EntitlementDecision:
     payg_cap_micro: int | None = None  # escrow (and budget) available to pay-as-you-go
     api_key_id: str | None = None
     function: str | None = None
+    # What the paying account holds (billing.advice.Holdings.as_json), for the commit point's refusals.
+    holdings: dict[str, Any] | None = None
 
     @property
     def free(self) -> bool:
@@ -50,6 +52,7 @@ class EntitlementDecision:
             "paygCapMicro": self.payg_cap_micro,
             "apiKeyId": self.api_key_id,
             "function": self.function,
+            **({"holdings": self.holdings} if self.holdings is not None else {}),
         }
 
 

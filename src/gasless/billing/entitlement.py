@@ -350,7 +350,8 @@ class BillingEntitlement:
         self, sender: str, reason: str, detail: str, details: dict[str, Any] | None = None
     ) -> ApiError:
         """NO_ENTITLEMENT with a complete x402 challenge for a top-up of the transaction's sender (the deposit
-        minimum), never for a sponsor key's account. `details` adds what the account holds (billing.advice)."""
+        minimum), never for a sponsor key's account. `details` adds what the account holds
+        (billing.advice)."""
         headers: dict[str, str] = {}
         if self.challenges is not None:
             amount = await self._deposit_min()

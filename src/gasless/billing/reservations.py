@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, bindparam, case, func, literal, null, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 
+from gasless.billing.advice import Holdings, usdc
 from gasless.billing.policy import CONTRACT_FAILURES
 from gasless.db import (
     account_period_usage,
@@ -50,11 +51,45 @@ class _Claim:
     refusal: ApiError | None = field(default=None)
 
 
-def _plan_cap_spent(account: str, period_id: int, cap: int) -> ApiError:
+def _holdings(billing: dict[str, Any]) -> Holdings:
+    account = str(billing["account"])
+    stored = Holdings.from_json(account, billing.get("holdings"))
+    if stored is not None:
+        return stored
+    # A decision stored without them (written by hand): the plan as the class says, no figures.
+    plan = "" if billing.get("billingClass") in ("plan", "sponsor") else None
+    return Holdings(account, plan, 0, 0, billing.get("paygPriceMicro") is not None, False)
+
+
+def _plan_cap_spent(account: str, period_id: int, cap: int, billing: dict[str, Any]) -> ApiError:
+    holdings = _holdings(billing)
+    # A priced fallback was withheld only when pay-as-you-go is on and its price is above the account's cap.
+    above_max = holdings.payg_enabled
+    why = "its price is above the account's max_payg_price" if above_max else "it is off"
     return ApiError(
         "QUOTA_EXHAUSTED",
-        detail=f"the plan's {cap} RU for this period are used up; buy more or enable pay-as-you-go",
-        details={"reason": "PLAN_CAP", "account": account, "periodId": period_id, "includedRu": cap},
+        detail=f"the plan's {cap} RU for this period are used up and pay-as-you-go cannot pay ({why}); "
+        f"{holdings.sentence()}; {holdings.advice(price_above_max=above_max)}",
+        details={
+            **holdings.details(price_above_max=above_max),
+            "reason": "PLAN_CAP",
+            "account": account,
+            "periodId": period_id,
+            "includedRu": cap,
+        },
+    )
+
+
+def _payg_short(billing: dict[str, Any], available: int, cost: int) -> ApiError:
+    holdings = _holdings(billing)
+    spent = "the plan's RU for this period are used up and " if billing.get("billingClass") != "payg" else ""
+    sources = "escrow, credits and budget" if holdings.auto_topup else "escrow and budget"
+    return ApiError(
+        "QUOTA_EXHAUSTED",
+        detail=f"{spent}pay-as-you-go cannot pay for this relay: it has {usdc(max(available, 0))} USDC left "
+        f"to spend ({sources}) and the relay costs {usdc(cost)} USDC; {holdings.sentence()}; "
+        f"{holdings.advice()}",
+        details={**holdings.details(), "reason": "PAYG_ESCROW"},
     )
 
 
@@ -104,7 +139,7 @@ def reserve_many(
             if used[key] + claim.ru <= cap:
                 used[key] += claim.ru
             elif claim.billing.get("paygPriceMicro") is None:
-                claim.refusal = _plan_cap_spent(key[0], key[1], cap)
+                claim.refusal = _plan_cap_spent(key[0], key[1], cap, claim.billing)
             else:
                 claim.klass, claim.period_id = "payg", None
         changed = [{"a": a, "p": p, "used": v} for (a, p), v in used.items() if v != before[(a, p)]]
@@ -128,18 +163,17 @@ def reserve_many(
             account = str(claim.billing["account"])
             price = claim.billing.get("paygPriceMicro")
             if price is None:
+                holdings = _holdings(claim.billing)
                 claim.refusal = ApiError(
-                    "QUOTA_EXHAUSTED", detail="pay-as-you-go cannot pay", details={"reason": "PAYG_OFF"}
+                    "QUOTA_EXHAUSTED",
+                    detail=f"pay-as-you-go cannot pay; {holdings.sentence()}; {holdings.advice()}",
+                    details={**holdings.details(), "reason": "PAYG_OFF"},
                 )
                 continue
             claim.payg_micro = claim.ru * int(price)
-            if outstanding[account] + claim.payg_micro > int(claim.billing.get("paygCapMicro") or 0):
-                claim.refusal = ApiError(
-                    "QUOTA_EXHAUSTED",
-                    detail="the plan is spent and the pay-as-you-go escrow (or budget) does not cover this "
-                    "transaction; top up the escrow",
-                    details={"reason": "PAYG_ESCROW", "account": account},
-                )
+            cap = int(claim.billing.get("paygCapMicro") or 0)
+            if outstanding[account] + claim.payg_micro > cap:
+                claim.refusal = _payg_short(claim.billing, cap - outstanding[account], claim.payg_micro)
                 continue
             outstanding[account] += claim.payg_micro
     held = [c for c in claims if c.refusal is None]

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from gasless.cli.common import EXIT_FAILED, errors, fail, one_line, read_pem
+from gasless.cli.common import EXIT_FAILED, errors, fail, one_line, read_pem, refused
 from gasless.cli.endpoints import EndpointError, check_api
 from gasless.cli.relay import DEFAULT_API, Api
 
@@ -39,7 +39,8 @@ async def _native_auth(api: str) -> dict[str, Any]:
         except EndpointError as exc:
             fail(str(exc))
         except RelayProblem as problem:
-            fail(f"GET {api}/v1/network: {problem}", EXIT_FAILED, label="failed")
+            refused(problem.code, problem.status, problem.detail, problem.details, problem.request_id)
+            raise typer.Exit(EXIT_FAILED) from None
         except (aiohttp.ClientError, TimeoutError) as exc:
             fail(f"GET {api}/v1/network: {type(exc).__name__}: {exc}", EXIT_FAILED, label="failed")
     native = network.get("nativeAuth") if isinstance(network, dict) else None

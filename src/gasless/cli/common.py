@@ -3,13 +3,16 @@ reporting invalid settings.
 
 Status 1: the operation was tried and failed. Status 2: usage or configuration (an option, a file, the
 settings, a port, a URL that is not what the option names): nothing was done. 130/143: stopped by a signal
-(gasless.cli.signals). Each error is one line on stderr naming what is wrong.
+(gasless.cli.signals). Each error is one line on stderr naming what is wrong; a refusal by the service is
+printed by `refused`, in one form for every command.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.markup import escape
@@ -33,6 +36,32 @@ def fail(message: str, code: int = EXIT_USAGE, *, label: str = "error") -> NoRet
 
 def one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def refused(
+    code: str,
+    status: int | None,
+    detail: str,
+    details: Mapping[str, Any] | None = None,
+    request_id: str | None = None,
+) -> None:
+    """A refusal by the service, in the one form every command prints, on stderr:
+    `refused: CODE (status): detail`, then its `details` and request id when it has them (whole)."""
+    where = f" ({status})" if status is not None else ""
+    errors.print(f"[red]refused:[/red] [bold]{escape(code)}[/bold]{where}: {escape(one_line(detail))}")
+    if details:
+        errors.print(f"  details: {escape(json.dumps(dict(details), separators=(',', ':')))}")
+    if request_id:
+        errors.print(f"  request id: {escape(request_id)}")
+
+
+def refused_answer(status: int, body: Any, request_id: str | None = None) -> None:
+    """`refused` for a raw HTTP answer (a problem document, or anything else a server said)."""
+    if isinstance(body, dict) and isinstance(body.get("code"), str):
+        details = body.get("details") if isinstance(body.get("details"), dict) else None
+        refused(body["code"], status, str(body.get("detail") or ""), details, request_id)
+    else:
+        refused("HTTP_ERROR", status, one_line(str(body)) or f"HTTP {status} without a problem document")
 
 
 def read_pem(path: Path, option: str = "--pem") -> UserSecretKey:

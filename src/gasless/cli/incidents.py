@@ -3,8 +3,9 @@
 The commands write to the service database of the settings (`--config`, `GASLESS_*` variables,
 `--database-url`), the one the API hosts serve `GET /v1/incidents` from; the hosts publish each change to
 their account streams within a second. The database must have been migrated (start the service once).
-Human output goes to stderr (rich), the incident as JSON to stdout (for scripts). Exit 0 on success,
-1 when the change was refused (unknown incident, resolved is final, ...), 2 on invalid settings.
+The result goes to stdout: a table, or with `--json` the incident as one JSON line (one line per incident
+for `list`) and nothing else, for scripts; errors go to stderr. Exit 0 on success, 1 when the change was
+refused (unknown incident, resolved is final, ...), 2 on invalid settings.
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
-from gasless.cli.common import invalid_settings
-from gasless.cli.output import CliConsole
+from gasless.cli.common import invalid_settings, refused
+from gasless.cli.output import CliConsole, key_value_table, print_records
 
 incident_app = typer.Typer(
     help="Declare, update, resolve and list public incidents (in the service database).",
     no_args_is_help=True,
 )
-console = CliConsole(stderr=True)
+console = CliConsole(stderr=True)  # errors
+out = CliConsole()  # results
 T = TypeVar("T")
 
 STATUSES = ("investigating", "identified", "monitoring", "resolved")
@@ -35,6 +36,9 @@ IMPACTS = ("none", "minor", "major", "critical")
 
 ConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML settings file.")]
 DatabaseOption = Annotated[str | None, typer.Option("--database-url", help="The service database.")]
+AsJson = Annotated[
+    bool, typer.Option("--json", help="Print the incident as one JSON line on stdout, and nothing else.")
+]
 
 
 def _choice(name: str, value: str | None, allowed: tuple[str, ...]) -> None:
@@ -69,7 +73,7 @@ def _run(config: Path | None, database_url: str | None, work: Callable[[Any], Aw
     try:
         return asyncio.run(main())
     except ApiError as exc:
-        console.print(f"[red]refused:[/red] [bold]{exc.code}[/bold] {escape(exc.detail or '')}")
+        refused(exc.code, exc.status, exc.detail or "", exc.details)
         raise typer.Exit(1) from None
     except SQLAlchemyError as exc:
         console.print(
@@ -85,22 +89,30 @@ def _when(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _show(incident: Any) -> None:
-    table = Table(title=f"incident {incident.id}", show_header=False)
-    for key, value in (
+def _json_line(incident: Any) -> None:
+    typer.echo(json.dumps(incident.model_dump(mode="json"), separators=(",", ":")))
+
+
+def _show(incident: Any, headline: str, as_json: bool) -> None:
+    if as_json:
+        _json_line(incident)
+        return
+    out.print(headline)
+    rows: list[tuple[str, Any]] = [
+        ("id", incident.id),
         ("title", incident.title),
         ("status", incident.status),
         ("impact", incident.impact),
-        ("shard", "-" if incident.shard is None else str(incident.shard)),
+        ("shard", incident.shard),
         ("source", incident.source if incident.kind is None else f"{incident.source} ({incident.kind})"),
         ("created", _when(incident.createdAtMs)),
         ("resolved", _when(incident.resolvedAtMs)),
-    ):
-        table.add_row(key, escape(value))
-    for update in incident.updates:
-        table.add_row(f"update {update.seq}", escape(f"{_when(update.atMs)} {update.status}: {update.body}"))
-    console.print(table)
-    typer.echo(json.dumps(incident.model_dump(mode="json"), separators=(",", ":")))
+    ]
+    rows += [
+        (f"update {update.seq}", f"{_when(update.atMs)} {update.status}: {update.body}")
+        for update in incident.updates
+    ]
+    out.print(key_value_table("incident", rows))
 
 
 @incident_app.command("open")
@@ -116,6 +128,7 @@ def open_incident(
     ] = "investigating",
     config: ConfigOption = None,
     database_url: DatabaseOption = None,
+    as_json: AsJson = False,
 ) -> None:
     """Declare a new public incident (source `operator`)."""
     _choice("--impact", impact, IMPACTS)
@@ -125,8 +138,7 @@ def open_incident(
         database_url,
         lambda service: service.declare(title=title, body=body, impact=impact, shard=shard, status=status),
     )
-    console.print(f"[green]incident opened[/green]: {incident.id}")
-    _show(incident)
+    _show(incident, f"[green]incident opened[/green]: {incident.id}", as_json)
 
 
 @incident_app.command("update")
@@ -138,16 +150,18 @@ def update_incident(
     body: Annotated[str, typer.Option("--body", help="What the update says.")],
     config: ConfigOption = None,
     database_url: DatabaseOption = None,
+    as_json: AsJson = False,
 ) -> None:
     """Append an update to an open incident; `--status resolved` resolves it (resolved is final)."""
     _choice("--status", status, STATUSES)
     incident = _run(
         config, database_url, lambda service: service.post_update(incident_id, status=status, body=body)
     )
-    console.print(
-        f"[green]update {incident.updates[-1].seq} appended[/green]: {incident.id} is {incident.status}"
+    _show(
+        incident,
+        f"[green]update {incident.updates[-1].seq} appended[/green]: {incident.id} is {incident.status}",
+        as_json,
     )
-    _show(incident)
 
 
 @incident_app.command("list")
@@ -159,8 +173,9 @@ def list_incidents(
     limit: Annotated[int, typer.Option("--limit", min=1, max=200, help="How many, newest first.")] = 50,
     config: ConfigOption = None,
     database_url: DatabaseOption = None,
+    as_json: AsJson = False,
 ) -> None:
-    """The newest incidents (open and resolved) as a table."""
+    """The newest incidents (open and resolved): a table, or one JSON line each with --json."""
     from gasless.incidents.service import to_incident
 
     _choice("--status", status, STATUSES)
@@ -178,21 +193,23 @@ def list_incidents(
         return [to_incident(row) for row in rows]
 
     incidents = _run(config, database_url, read)
-    table = Table(title=f"incidents ({len(incidents)}, newest first)")
-    for column in ("id", "status", "impact", "shard", "source", "created", "resolved", "updates", "title"):
-        table.add_column(column)
-    for incident in incidents:
-        table.add_row(
+    if as_json:
+        for incident in incidents:
+            _json_line(incident)
+        return
+    rows = [
+        (
             incident.id,
             incident.status,
             incident.impact,
-            "-" if incident.shard is None else str(incident.shard),
+            incident.shard,
             incident.source if incident.kind is None else incident.kind,
             _when(incident.createdAtMs),
             _when(incident.resolvedAtMs),
-            str(len(incident.updates)),
-            escape(incident.title),
+            len(incident.updates),
+            incident.title,
         )
-    console.print(table)
-    for incident in incidents:
-        typer.echo(json.dumps(incident.model_dump(mode="json"), separators=(",", ":")))
+        for incident in incidents
+    ]
+    columns = ("id", "status", "impact", "shard", "source", "created", "resolved", "updates", "title")
+    print_records(out, f"incidents ({len(incidents)}, newest first)", columns, rows)

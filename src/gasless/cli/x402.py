@@ -17,9 +17,9 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gasless.cli.common import errors, one_line, read_pem
+from gasless.cli.common import errors, fail, read_pem, refused_answer
 from gasless.cli.endpoints import EndpointError, check_api
-from gasless.cli.output import CliConsole
+from gasless.cli.output import CliConsole, key_value_table
 from gasless.cli.relay import DEFAULT_API, Api
 
 x402_app = typer.Typer(help="Buy credits or a plan over x402 (HTTP 402 payments).", no_args_is_help=True)
@@ -35,15 +35,9 @@ Timeout = Annotated[float, typer.Option("--timeout", help="Seconds to wait for t
 
 
 class Refused(Exception):
-    def __init__(self, status: int, body: Any) -> None:
+    def __init__(self, status: int, body: Any, request_id: str | None = None) -> None:
         super().__init__(status)
-        self.status, self.body = status, body
-
-
-def _problem_line(status: int, body: Any) -> str:
-    if isinstance(body, dict) and "code" in body:
-        return f"{body['code']} ({status}): {body.get('detail', '')}"
-    return f"HTTP {status}: {one_line(str(body))[:300]}"
+        self.status, self.body, self.request_id = status, body, request_id
 
 
 async def _post(session: Any, url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
@@ -60,36 +54,37 @@ async def _post(session: Any, url: str, body: dict[str, Any], headers: dict[str,
 
 
 def _challenge_table(required: Any) -> Table:
+    from gasless.billing.advice import usdc
+
     entry = required.accepts[0]
-    table = Table(title="x402 challenge", show_header=False)
-    table.add_row("pay", f"{int(entry.amount) / USDC:.6f} {entry.asset} ({entry.amount} micro)")
-    table.add_row("to", entry.pay_to)
-    table.add_row("network", entry.network)
-    table.add_row("calls", str(entry.extra.get("function")))
-    table.add_row("quote", str(entry.extra.get("quoteId")))
-    table.add_row("valid for", f"{entry.max_timeout_seconds} s")
-    return table
+    rows: list[tuple[str, Any]] = [
+        ("pay", f"{usdc(int(entry.amount))} USDC ({entry.amount} micro-USDC of {entry.asset})"),
+        ("to", entry.pay_to),
+        ("network", entry.network),
+        ("calls", entry.extra.get("function")),
+        ("quote", entry.extra.get("quoteId")),
+        ("valid for", f"{entry.max_timeout_seconds} s"),
+    ]
+    return key_value_table("x402 challenge", [(k, v) for k, v in rows if v is not None])
 
 
 def _result_table(result: dict[str, Any]) -> Table:
-    table = Table(title="x402 payment settled", show_header=False)
-    for name in (
-        "paymentId",
-        "kind",
-        "payer",
-        "beneficiary",
-        "amountMicroUsdc",
-        "tierId",
-        "months",
-        "txHash",
-    ):
-        if result.get(name) is not None:
-            table.add_row(name, str(result[name]))
-    return table
+    names = ("paymentId", "kind", "payer", "beneficiary", "amountMicroUsdc", "tierId", "months", "txHash")
+    return key_value_table(
+        "x402 payment settled", [(name, result[name]) for name in names if result.get(name) is not None]
+    )
 
 
 async def _pay(
-    api: str, path: str, body: dict[str, Any], key: Any, *, as_json: bool, timeout_s: float
+    api: str,
+    path: str,
+    body: dict[str, Any],
+    key: Any,
+    *,
+    as_json: bool,
+    timeout_s: float,
+    to_escrow: bool = False,
+    pem: Path | None = None,
 ) -> int:
     import aiohttp
 
@@ -102,9 +97,11 @@ async def _pay(
         except EndpointError as exc:
             errors.print(f"[red]error:[/red] {escape(str(exc))}")
             return EXIT_REFUSED
+        topup = path.endswith("/topup") and body.get("beneficiary", key.address) == key.address
+        credits_before = await _credits_of(api, session, key.address) if topup else 0
         status, headers, challenge = await _post(session, url, body)
         if status != 402 or not isinstance(challenge, dict) or challenge.get("code") != "PAYMENT_REQUIRED":
-            raise Refused(status, challenge)
+            raise Refused(status, challenge, _request_id(headers))
         required = read_challenge(headers)
         if not as_json:
             out.print(_challenge_table(required))
@@ -130,10 +127,10 @@ async def _pay(
             and isinstance(paid, dict)
             and paid.get("code") in ("PAYMENT_FAILED", "PAYMENT_INVALID")
         ):
-            errors.print(f"[red]payment failed:[/red] {escape(_problem_line(status, paid))}")
+            refused_answer(status, paid, _request_id(headers))
             return EXIT_FAILED
         if status != 200:
-            raise Refused(status, paid)
+            raise Refused(status, paid, _request_id(headers))
         settlement = read_settlement(headers)
         if as_json:
             out.print_json(
@@ -146,14 +143,69 @@ async def _pay(
             )
         else:
             out.print(_result_table(paid))
+        if topup:
+            return await _after_topup(api, key, credits_before, to_escrow, pem, timeout_s, quiet=as_json)
         return EXIT_OK
 
 
-def _run(api: str, path: str, body: dict[str, Any], key: Any, as_json: bool, timeout_s: float) -> None:
+def _request_id(headers: dict[str, str]) -> str | None:
+    return next((value for name, value in headers.items() if name.lower() == "relay-request-id"), None)
+
+
+async def _credits_of(api: str, session: Any, address: str) -> int:
+    async with session.get(f"{api.rstrip('/')}/v1/account/{address}") as answer:
+        view = await answer.json(content_type=None)
+    return int(view.get("creditsMicro") or 0) if answer.status == 200 and isinstance(view, dict) else 0
+
+
+async def _after_topup(
+    api: str, key: Any, before: int, to_escrow: bool, pem: Path | None, timeout_s: float, *, quiet: bool
+) -> int:
+    """Once the credits show in the account: move them into the escrow (`--to-escrow`), or say how."""
+    from gasless.cli.purchases import (
+        escrow_hint,
+        holdings_table,
+        move_to_escrow,
+        wait_account,
+        with_client,
+    )
+
+    if quiet and not to_escrow:
+        return EXIT_OK  # --json: the payment's JSON alone on stdout
+
+    async def work(client: Any) -> int:
+        view = await wait_account(
+            client, key.address, lambda v: int(v.get("creditsMicro") or 0) > before, "the credits", timeout_s
+        )
+        added = int(view.get("creditsMicro") or 0) - before
+        if to_escrow:
+            view = await move_to_escrow(client, key, added, timeout_s)
+            if not quiet:
+                out.print(holdings_table(view))
+        elif not quiet and pem is not None:
+            escrow_hint(view, pem, added)
+        return EXIT_OK
+
+    return await with_client(api, work)
+
+
+def _run(
+    api: str,
+    path: str,
+    body: dict[str, Any],
+    key: Any,
+    as_json: bool,
+    timeout_s: float,
+    *,
+    to_escrow: bool = False,
+    pem: Path | None = None,
+) -> None:
     try:
-        code = asyncio.run(_pay(api, path, body, key, as_json=as_json, timeout_s=timeout_s))
-    except Refused as refused:
-        errors.print(f"[red]refused:[/red] {escape(_problem_line(refused.status, refused.body))}")
+        code = asyncio.run(
+            _pay(api, path, body, key, as_json=as_json, timeout_s=timeout_s, to_escrow=to_escrow, pem=pem)
+        )
+    except Refused as answer:
+        refused_answer(answer.status, answer.body, answer.request_id)
         code = EXIT_REFUSED
     except OSError as exc:
         errors.print(f"[red]error:[/red] --api {escape(api)} does not answer ({escape(type(exc).__name__)})")
@@ -170,6 +222,14 @@ def topup(
     beneficiary: Annotated[
         str | None, typer.Option("--beneficiary", help="The account credited (default: the payer).")
     ] = None,
+    to_escrow: Annotated[
+        bool,
+        typer.Option(
+            "--to-escrow",
+            help="Then move the credited amount into the pay-as-you-go escrow and turn pay-as-you-go on "
+            "(setPayg, free): credits pay for relays only from there.",
+        ),
+    ] = False,
     api: Api = DEFAULT_API,
     as_json: AsJson = False,
     timeout: Timeout = 120.0,
@@ -178,10 +238,14 @@ def topup(
     from gasless.client import UserKey
 
     key = UserKey(read_pem(pem))
+    if to_escrow and beneficiary and beneficiary != key.address:
+        fail("--to-escrow moves the payer's own credits: it cannot go with --beneficiary another account")
+    if to_escrow and as_json:
+        fail("--to-escrow prints the steps of the move: it cannot go with --json (stdout is JSON alone)")
     body: dict[str, Any] = {"payer": key.address, "amountMicroUsdc": round(amount * USDC)}
     if beneficiary:
         body["beneficiary"] = beneficiary
-    _run(api, "/v1/x402/topup", body, key, as_json, timeout)
+    _run(api, "/v1/x402/topup", body, key, as_json, timeout, to_escrow=to_escrow, pem=pem)
 
 
 async def _tier_id(api: str, tier: str) -> int:
@@ -215,8 +279,8 @@ def purchase(
     key = UserKey(read_pem(pem))
     try:
         tier_id = asyncio.run(_tier_id(api, tier))
-    except Refused as refused:
-        errors.print(f"[red]refused:[/red] {escape(_problem_line(refused.status, refused.body))}")
+    except Refused as answer:
+        refused_answer(answer.status, answer.body, answer.request_id)
         raise typer.Exit(EXIT_REFUSED) from None
     except OSError as exc:
         errors.print(f"[red]error:[/red] --api {escape(api)} does not answer ({escape(type(exc).__name__)})")

@@ -115,8 +115,10 @@ class RelayClient:
         cancel: int | None = None,
         kind: str = "key",
         bearer: str | None = None,
+        with_next_nonce: bool = False,
     ) -> dict[str, Any]:
-        """`POST /v1/relay/assign` with a presence proof (or a native-auth `bearer` token).
+        """`POST /v1/relay/assign` with a presence proof (or a native-auth `bearer` token); with
+        `with_next_nonce`, the answer's `nextNonce` is the sender's next usable nonce.
 
         On `ASSIGN_PROOF_INVALID` the proof is made once more at `details.serverTimeMs` (a skewed clock);
         retryable answers (`RATE_LIMITED`, `NO_RELAYER_AVAILABLE`, ...) are retried after their delay.
@@ -127,6 +129,8 @@ class RelayClient:
             body["renewFor"] = tx_wire(renew_for) if isinstance(renew_for, Transaction) else dict(renew_for)
         if cancel is not None:
             body["cancel"] = cancel
+        if with_next_nonce:
+            body["withNextNonce"] = True
         headers = {"Authorization": f"Bearer {bearer}"} if bearer else {}
         server_time: int | None = None
         skew_retried = False

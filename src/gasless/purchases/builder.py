@@ -21,7 +21,7 @@ from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavail
 from gasless.chain.network import NetworkView
 from gasless.errors import ApiError
 from gasless.purchases.schemas import ContractCall, PreparedTransaction, UnsignedTransaction
-from gasless.relay.assign import AssignService
+from gasless.relay.assign import AssignService, next_free_nonce
 from gasless.relay.leases import LeaseKind
 from gasless.relay.repository import IntentRepository
 from gasless.relay.schemas import Assignment
@@ -71,17 +71,13 @@ class CallBuilder:
 
     async def next_nonce(self, sender: str) -> int:
         """The sender's next free nonce: past its account nonce, the pool and our own in-flight intents."""
-        try:
-            account, pool = await asyncio.gather(
-                self.gateway.account(sender), self.gateway.pool_for_sender(sender, fields="nonce")
-            )
-        except (GatewayUnavailable, GatewayRejected) as exc:
-            raise ApiError("UPSTREAM_UNAVAILABLE", detail="no gateway answered; nothing was built") from exc
-        nonce = int(account.get("nonce", 0))
-        pooled = [int(entry["nonce"]) for entry in pool if "nonce" in entry]
-        view = await self.repo.sender_view(sender, nonce, None, self.assign.now_ms())
-        ours = view.highest_in_flight_nonce
-        return max([nonce, *(n + 1 for n in pooled), *([ours + 1] if ours is not None else [])])
+        return await next_free_nonce(
+            self.gateway,
+            self.repo,
+            sender,
+            self.assign.now_ms(),
+            unavailable="no gateway answered; nothing was built",
+        )
 
     async def guardian_of(self, sender: str) -> str | None:
         try:

@@ -7,6 +7,7 @@ is never read here. A host whose clock is not synchronised with the chain mints 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from collections.abc import Callable
@@ -15,6 +16,7 @@ from typing import Any
 from gasless.auth.native_auth import BlockUnavailable, NativeAuthError, NativeAuthVerifier
 from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubkey
 from gasless.chain.codec import signing_bytes, tx_hash, verify_ed25519
+from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
 from gasless.errors import ApiError
 from gasless.limits.buckets import Decision, RouteLimiter, local_route_limiter
@@ -27,6 +29,24 @@ from gasless.signer import Signer, SignerError
 
 PROOF_TOLERANCE_MS = 30_000
 MAX_CLOCK_OFFSET_MS = 5_000
+
+
+async def next_free_nonce(
+    gateway: GatewayClient, repo: IntentRepository, sender: str, now_ms: int, *, unavailable: str
+) -> int:
+    """The sender's next free nonce: past its account nonce, the pool and this service's own in-flight
+    intents. UPSTREAM_UNAVAILABLE (`unavailable` as its detail) when no gateway answers."""
+    try:
+        account, pool = await asyncio.gather(
+            gateway.account(sender), gateway.pool_for_sender(sender, fields="nonce")
+        )
+    except (GatewayUnavailable, GatewayRejected) as exc:
+        raise ApiError("UPSTREAM_UNAVAILABLE", detail=unavailable, details={"retryAfterMs": 1_000}) from exc
+    nonce = int(account.get("nonce", 0))
+    pooled = [int(entry["nonce"]) for entry in pool if "nonce" in entry]
+    view = await repo.sender_view(sender, nonce, None, now_ms)
+    ours = view.highest_in_flight_nonce
+    return max([nonce, *(n + 1 for n in pooled), *([ours + 1] if ours is not None else [])])
 
 
 class AssignService:
@@ -43,8 +63,10 @@ class AssignService:
         max_clock_offset_ms: int = MAX_CLOCK_OFFSET_MS,
         clock: Callable[[], float] = time.time,
         limits: RouteLimiter | None = None,
+        gateway: GatewayClient | None = None,
     ) -> None:
         self.chain_id = chain_id
+        self.gateway = gateway  # reads the sender's nonce when a request asks for it (withNextNonce)
         self.network = network
         self.leases = leases
         self.relayers = relayers
@@ -94,11 +116,29 @@ class AssignService:
             "sponsor" if request.proof is not None and request.proof.kind == "sponsor" else "std"
         )
         if request.renewFor is not None:
-            return await self._renew(request.renewFor, sender, pubkey, shard, kind, now)
-        if request.cancel is not None:
-            return await self._cancel(sender, pubkey, shard, request.cancel, now)
-        relayer = self._choose(pubkey, shard)
-        return self._assignment(sender, relayer, kind, now)
+            assignment = await self._renew(request.renewFor, sender, pubkey, shard, kind, now)
+        elif request.cancel is not None:
+            assignment = await self._cancel(sender, pubkey, shard, request.cancel, now)
+        else:
+            assignment = self._assignment(sender, self._choose(pubkey, shard), kind, now)
+        if request.withNextNonce:
+            assignment.nextNonce = await self.next_nonce(sender)
+        return assignment
+
+    async def next_nonce(self, sender: str) -> int:
+        if self.gateway is None:
+            raise ApiError(
+                "UPSTREAM_UNAVAILABLE",
+                detail="this host reads no nonces (no gateway is configured for it)",
+                details={"retryAfterMs": 1_000},
+            )
+        return await next_free_nonce(
+            self.gateway,
+            self.repo,
+            sender,
+            self.now_ms(),
+            unavailable="no gateway answered: the sender's nonce could not be read",
+        )
 
     def issue(self, sender: str, kind: LeaseKind, *, pin_nonce: int | None = None) -> Assignment:
         """An assignment for a transaction this service built (the purchase builders): no presence proof,

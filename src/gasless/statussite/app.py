@@ -54,9 +54,19 @@ def create_status_site(feed_dir: Path, *, site_url: str = "", site_name: str = "
         )
 
     async def incidents_atom(request: Request) -> Response:
+        found = _read(feed_dir, "incidents.json")
+        # The feed's time without incidents: when the API published the incidents (else now).
+        generated_ms = int((found[1] if found is not None else time.time()) * 1000)
+        body = atom(
+            _json(feed_dir, "incidents.json"),
+            site_url or str(request.base_url).rstrip("/"),
+            site_name,
+            generated_ms,
+        )
         return Response(
-            atom(_json(feed_dir, "incidents.json"), site_url or str(request.base_url).rstrip("/"), site_name),
+            body,
             media_type="application/atom+xml",
+            headers={"Cache-Control": "public, max-age=30"},
         )
 
     async def home(request: Request) -> HTMLResponse:
@@ -69,7 +79,8 @@ def create_status_site(feed_dir: Path, *, site_url: str = "", site_name: str = "
         return HTMLResponse(html, headers={"Cache-Control": "no-cache"})
 
     async def health(request: Request) -> JSONResponse:
-        return JSONResponse({"status": "ok"})
+        # `service` tells a client that took this for another endpoint (`gasless ... --api`) what it is.
+        return JSONResponse({"status": "ok", "service": "status-site"})
 
     return Starlette(
         routes=[

@@ -4,6 +4,7 @@ rendered from the feed files only."""
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from html import escape
 from typing import Any
 from xml.etree import ElementTree as ET
@@ -28,6 +29,18 @@ def _age(ms: int) -> str:
     return f"{seconds // 3600} h"
 
 
+def _count(number: int, noun: str) -> str:
+    """`1 sample`, `3 samples`, `0 samples`."""
+    return f"{number} {noun}" if number == 1 else f"{number} {noun}s"
+
+
+FLOAT_HELP = (
+    "Relayer float: whether the shard's relayers hold enough EGLD to pay the network fees of the "
+    "transactions they relay. ok: funded; low: an active relayer holds less than five times the funding "
+    "minimum; critical: no active relayer is funded. A label, never a balance."
+)
+
+
 def _availability_bars(days: list[dict[str, Any]]) -> str:
     width, gap, height = 6, 2, 34
     bars = []
@@ -38,7 +51,7 @@ def _availability_bars(days: list[dict[str, Any]]) -> str:
         )
         label = f"{_when(day['dayStartMs'])[:10]}: " + ("no data" if pct is None else f"{pct}%")
         if day.get("incidents"):
-            label += f", {day['incidents']} incident(s)"
+            label += f", {_count(int(day['incidents']), 'incident')}"
         bars.append(
             f'<rect class="day" x="{index * (width + gap)}" y="0" width="{width}" height="{height}" '
             f'fill="{color}" data-pct="{"" if pct is None else pct}"><title>{escape(label)}</title></rect>'
@@ -68,7 +81,7 @@ def _latency_chart(entry: dict[str, Any], title: str) -> str:
         )
     return (
         f'<figure class="latency" data-shard="{entry["shard"]}"><figcaption>{escape(title)} '
-        f"({entry.get('samples', 0)} samples)</figcaption>"
+        f"({_count(int(entry.get('samples') or 0), 'sample')})</figcaption>"
         f'<svg width="380" height="{len(figures) * 18}" role="img" aria-label="{escape(title)}">{"".join(rows)}</svg></figure>'
     )
 
@@ -86,7 +99,10 @@ def page(status: dict[str, Any] | None, incidents: dict[str, Any] | None, now_ms
         f'<p class="age{" stale" if stale else ""}">Published {_age(age)} ago ({_when(status.get("generatedAtMs"))})'
         + (" - the API has not published since: these may be out of date." if stale else "")
         + "</p>",
-        '<h2>Components</h2><table class="components"><tr><th>Component</th><th>Status</th><th>Float</th><th></th></tr>',
+        '<h2>Components</h2><table class="components">'
+        f'<caption class="float-help">{escape(FLOAT_HELP)}</caption>'
+        "<tr><th>Component</th><th>Status</th>"
+        f'<th class="float" title="{escape(FLOAT_HELP)}">Relayer float</th><th>Reason</th></tr>',
     ]
     floats = status.get("floatPerShard", {})
     for component in status.get("components", []):
@@ -122,7 +138,10 @@ def page(status: dict[str, Any] | None, incidents: dict[str, Any] | None, now_ms
         parts.append("<h2>Past incidents</h2>")
         parts.extend(_incident(i) for i in recent[:10])
     parts.append(
-        '<p><a href="/feed/incidents.atom">Incidents (Atom)</a> - <a href="/feed/status.json">status.json</a></p>'
+        '<p class="feeds">Feeds: <a href="/feed/incidents.atom" type="application/atom+xml">incidents (Atom)</a>'
+        ' - <a href="/feed/status.json" type="application/json">status.json</a>'
+        ' - <a href="/feed/incidents.json" type="application/json">incidents.json</a>'
+        ' - <a href="/feed/telemetry.json" type="application/json">telemetry.json</a></p>'
     )
     return _document(site_name, "".join(parts))
 
@@ -134,7 +153,7 @@ def _incident(incident: dict[str, Any]) -> str:
     )
     shard = f" (shard {incident['shard']})" if incident.get("shard") is not None else ""
     return (
-        f'<article class="incident" data-id="{escape(incident["id"])}"><h3>{escape(incident["title"])}{shard}</h3>'
+        f'<article class="incident" id="{escape(incident["id"])}" data-id="{escape(incident["id"])}"><h3>{escape(incident["title"])}{shard}</h3>'
         f"<p>{escape(incident['status'])}, {escape(incident['impact'])} impact, since {_when(incident['createdAtMs'])}</p>"
         f"<ol>{updates}</ol></article>"
     )
@@ -144,6 +163,10 @@ def _document(site_name: str, body: str) -> str:
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{escape(site_name)} status</title>"
+        f'<link rel="alternate" type="application/atom+xml" href="/feed/incidents.atom" '
+        f'title="{escape(site_name)} incidents">'
+        "<style>caption{caption-side:bottom;text-align:left;font-size:.85em;color:#57606a;padding-top:.4em}"
+        "th.float{text-decoration:underline dotted;cursor:help}</style>"
         "<style>body{font-family:sans-serif;max-width:960px;margin:2em auto;color:#1f2328}"
         ".overall{color:#fff;padding:.2em 1em;border-radius:6px}.stale{color:#cf222e;font-weight:bold}"
         "table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #d0d7de;text-align:left}"
@@ -152,23 +175,56 @@ def _document(site_name: str, body: str) -> str:
     )
 
 
-def atom(incidents: dict[str, Any] | None, site_url: str, site_name: str) -> bytes:
-    ns = "http://www.w3.org/2005/Atom"
-    ET.register_namespace("", ns)
-    feed = ET.Element(f"{{{ns}}}feed")
-    ET.SubElement(feed, f"{{{ns}}}title").text = f"{site_name} incidents"
-    ET.SubElement(feed, f"{{{ns}}}id").text = f"{site_url}/feed/incidents.atom"
+ATOM = "http://www.w3.org/2005/Atom"
+# Ids stay the same whatever address the site is reached at (RFC 4287 4.2.6: an id never changes).
+_ID_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "urn:gasless:status-site")
+
+
+def _urn(*parts: str) -> str:
+    return uuid.uuid5(_ID_NAMESPACE, "/".join(parts)).urn
+
+
+def atom(incidents: dict[str, Any] | None, site_url: str, site_name: str, generated_ms: int) -> bytes:
+    """The incidents as an Atom 1.0 feed (RFC 4287): a feed with title, id, updated, author and a self link;
+    each entry with id, title, updated, published, summary and an alternate link to the incident on the page.
+    Ids are `urn:uuid:` URIs (stable, never a URL that would have to answer); `updated` is the newest
+    incident's last change, or when the incidents were published (`generated_ms`) if there is none."""
+    ET.register_namespace("", ATOM)
+
+    def sub(parent: ET.Element, name: str, text: str | None = None, **attributes: str) -> ET.Element:
+        element = ET.SubElement(parent, f"{{{ATOM}}}{name}", attributes)
+        if text is not None:
+            element.text = text
+        return element
+
+    feed = ET.Element(f"{{{ATOM}}}feed")
+    sub(feed, "title", f"{site_name} incidents")
+    sub(feed, "subtitle", f"Public incidents of {site_name}: each update as it is posted")
+    sub(feed, "id", _urn(site_name, "incidents"))
     items = (incidents or {}).get("items", [])
-    updated = max([i["updatedAtMs"] for i in items] or [0])
-    ET.SubElement(feed, f"{{{ns}}}updated").text = _iso(updated)
-    ET.SubElement(feed, f"{{{ns}}}link", href=f"{site_url}/")
+    updated = max([int(i["updatedAtMs"]) for i in items] or [generated_ms])
+    sub(feed, "updated", _iso(updated))
+    author = sub(feed, "author")
+    sub(author, "name", f"{site_name} operators")
+    sub(author, "uri", f"{site_url}/")
+    sub(feed, "link", rel="self", type="application/atom+xml", href=f"{site_url}/feed/incidents.atom")
+    sub(feed, "link", rel="alternate", type="text/html", href=f"{site_url}/")
+    sub(feed, "generator", "gasless status site")
     for incident in items:
-        entry = ET.SubElement(feed, f"{{{ns}}}entry")
-        ET.SubElement(entry, f"{{{ns}}}id").text = f"{site_url}/incidents/{incident['id']}"
-        ET.SubElement(entry, f"{{{ns}}}title").text = f"[{incident['status']}] {incident['title']}"
-        ET.SubElement(entry, f"{{{ns}}}updated").text = _iso(incident["updatedAtMs"])
+        entry = sub(feed, "entry")
+        sub(entry, "id", _urn(site_name, "incident", str(incident["id"])))
+        shard = f" (shard {incident['shard']})" if incident.get("shard") is not None else ""
+        sub(entry, "title", f"[{incident['status']}] {incident['title']}{shard}")
+        sub(entry, "updated", _iso(int(incident["updatedAtMs"])))
+        if incident.get("createdAtMs") is not None:
+            sub(entry, "published", _iso(int(incident["createdAtMs"])))
+        sub(entry, "link", rel="alternate", type="text/html", href=f"{site_url}/#{incident['id']}")
         latest = (incident.get("updates") or [{}])[-1]
-        ET.SubElement(entry, f"{{{ns}}}summary").text = latest.get("body", "")
+        sub(
+            entry,
+            "summary",
+            latest.get("body") or f"{incident['status']}, {incident.get('impact', '')} impact",
+        )
     return ET.tostring(feed, encoding="utf-8", xml_declaration=True)
 
 
