@@ -103,6 +103,10 @@ def main() -> int:
 
     if not shutil.which("chromium"):
         skipped.append("Browser test SKIPPED: no chromium (apt install chromium) for the status site page")
+    if not shutil.which("softhsm2-util"):
+        skipped.append("PKCS#11 signer tests SKIPPED: no SoftHSM 2 (apt install softhsm2) for the token")
+    if not (shutil.which("prometheus") and shutil.which("promtool")):
+        skipped.append("Prometheus rule tests SKIPPED: no prometheus/promtool (apt install prometheus)")
     js_skipped = install_js_clients()
     if js_skipped is not None:
         skipped.append(js_skipped)

@@ -23,7 +23,16 @@ from gasless.billing.decision import Entitlement
 from gasless.compat import routes as compat_routes
 from gasless.compat.rendering import CompatErrorMiddleware
 from gasless.db import create_engine, upgrade
-from gasless.host import Health, HostState, boot_epoch_ms, purpose_keys, readiness
+from gasless.host import (
+    Health,
+    HostState,
+    OpsProbe,
+    RelayerFunds,
+    boot_epoch_ms,
+    purpose_keys,
+    readiness,
+    relayer_funds,
+)
 from gasless.http.body_limit import BodyLimitMiddleware
 from gasless.http.direct import DirectRoutes, declared_route
 from gasless.http.head import HeadMiddleware
@@ -42,6 +51,7 @@ from gasless.limits.route_classes import RateLimitHeadersMiddleware
 from gasless.logs import quiet_sdk_loggers
 from gasless.mcp.mount import mount_mcp
 from gasless.metrics import HostCollector, MetricsMiddleware
+from gasless.mirror.follower import MIRROR_ROLE
 from gasless.mirror.views import ContractMirror
 from gasless.notices import routes as notice_routes
 from gasless.notices.jobs import build_notices
@@ -144,6 +154,8 @@ def create_app(
             state.notices = state.notice_parts.notices
             state.notifications = state.notice_parts.notifications
             await state.notice_parts.start()
+            state.probe = OpsProbe(state)
+            await state.probe.start()
             # Serve at once (/readyz answers 503) while the relay core restores its state.
             startup = asyncio.create_task(
                 start_relay_core(state, settings, signer_wrapper, entitlement_factory), name="startup"
@@ -160,6 +172,7 @@ def create_app(
                     await startup
             await stop_relay_core(state)
             for part in (
+                state.probe,
                 state.webhook_recorder,
                 state.webhook_dispatcher,
                 state.incident_watch,
@@ -239,6 +252,7 @@ def create_app(
         status: Literal["ok", "starting", "unavailable"],
         checks: dict[str, str],
         singletons: dict[str, str] | None = None,
+        relayers: list[RelayerFunds] | None = None,
     ) -> Health:
         return Health(
             status=status,
@@ -249,6 +263,7 @@ def create_app(
             bootEpochMs=state.boot_epoch_ms,
             checks=checks,
             singletons=singletons or {},
+            relayers=relayers or [],
         )
 
     @app.get("/healthz", operation_id="getHealth", response_model=Health, tags=["meta"])
@@ -264,7 +279,9 @@ def create_app(
         responses={503: {"model": Health, "description": "not ready (restoring, or a dependency is down)"}},
     )
     async def readyz(response: Response) -> Health:
-        """Readiness: state restored, database and at least one gateway reachable."""
+        """Readiness: state restored, database and at least one gateway reachable. `relayers` details the
+        relayer pool's funds (balance, in-flight fees, floor, spend rate, time to the floor): informative,
+        never a reason to be unready."""
         checks = await readiness(state)
         ready = all(v == "ok" for v in checks.values())
         if not ready:
@@ -274,6 +291,7 @@ def create_app(
             "ok" if ready else ("starting" if not (state.restored or state.refusal) else "unavailable"),
             checks,
             {role: "leader" if leads else "standby" for role, leads in leadership.items()},
+            [relayer_funds(info) for info in state.relayers.all()] if state.relayers is not None else [],
         )
 
     # Last: the MCP tools' schemas come from the finished OpenAPI document.
@@ -285,9 +303,29 @@ def create_app(
 
 
 def _gauges(state: HostState) -> dict[str, Any]:
-    return {
+    leadership = state.singletons.leadership() if state.singletons is not None else {}
+    now_ms = int(time.time() * 1000)
+    values: dict[str, Any] = {
         "pending_sends": len(state.broadcaster.sending) if state.broadcaster is not None else 0,
         "tracked": state.tracker.tracked if state.tracker is not None else 0,
-        "leader": state.singletons.leadership() if state.singletons is not None else {},
+        "leader": leadership,
         "ready": 1 if state.restored else 0,
     }
+    if state.signer is not None:
+        values["signer_fenced"] = 0 if state.signer.holds else 1
+    if state.relayers is not None:
+        values["relayers"] = state.relayers.all()
+        values["floor_atto"] = state.relayers.min_balance_atto
+    if state.tracker is not None:
+        values["oldest_unexecuted_ms"] = state.tracker.oldest_unexecuted_ms(now_ms)
+        values["tracker_lag"] = state.tracker.lag_hyperblocks()
+    if state.mirror_follower is not None and leadership.get(MIRROR_ROLE):
+        values["mirror_lag"] = state.mirror_follower.lag_hyperblocks()
+    probe = state.probe
+    if probe is not None:
+        values["dependencies"] = probe.dependencies
+        values["webhook_backlog"] = probe.webhook_backlog
+        if probe.webhook_backlog is not None:
+            oldest = probe.webhook_oldest_due_ms
+            values["webhook_oldest_s"] = max(0, now_ms - oldest) / 1000 if oldest is not None else 0
+    return values

@@ -12,7 +12,7 @@ from typing import Any, Literal, TypeVar
 import aiohttp
 import structlog
 from mcp.server.mcpserver import MCPServer
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -59,11 +59,35 @@ from gasless.signer import FencedSigner
 from gasless.streams.service import StreamService
 from gasless.webhooks.delivery import Dispatcher, IntentRecorder
 from gasless.webhooks.service import WebhookService
+from gasless.workers import cancel_and_wait
 from gasless.x402.service import X402Service
 
 log = structlog.get_logger("gasless.host")
 
 T = TypeVar("T")
+
+
+class RelayerFunds(BaseModel):
+    """One relayer's funds as this host's relayer pool sees them (readiness only; never makes a host
+    unready: the relayers are shared by every host)."""
+
+    address: str
+    shard: int
+    state: Literal["active", "draining", "retired"]
+    assignable: bool = Field(description="active and funded: new senders are assigned to it")
+    balanceAtto: str = Field(description="the balance on chain, as last read (decimal atto)")
+    inFlightAtto: str = Field(
+        description="the most its co-signed, not yet executed intents can cost, counted against the floor"
+    )
+    floorAtto: str = Field(description="under this (balance less in-flight fees) it is not assigned")
+    spendAttoPerHour: str | None = Field(
+        description="fees paid per hour over the last hour, from this host's balance readings; null until "
+        "it read the balance twice"
+    )
+    secondsToFloor: int | None = Field(
+        description="time left until the floor at that rate; 0 when under it; null when nothing is being "
+        "spent or the rate is not known yet"
+    )
 
 
 class Health(BaseModel):
@@ -78,6 +102,24 @@ class Health(BaseModel):
     checks: dict[str, str] = {}
     # Singleton roles and whether this host runs them now (readiness only): "leader" or "standby".
     singletons: dict[str, str] = {}
+    # The relayer pool's funds (readiness only; docs/keys.md "Relayer funds and rotation").
+    relayers: list[RelayerFunds] = []
+
+
+def relayer_funds(info: Any) -> RelayerFunds:
+    """A pool entry (`gasless.relay.relayers.RelayerInfo`) as readiness shows it."""
+    left = info.seconds_to_floor
+    return RelayerFunds(
+        address=info.address,
+        shard=info.shard,
+        state=info.state,
+        assignable=info.assignable,
+        balanceAtto=str(info.balance_atto),
+        inFlightAtto=str(info.in_flight_atto),
+        floorAtto=str(info.floor_atto),
+        spendAttoPerHour=None if info.spend_atto_per_hour is None else str(info.spend_atto_per_hour),
+        secondsToFloor=None if left is None or left == float("inf") else int(left),
+    )
 
 
 def boot_epoch_ms(worker: int | None, clock: Callable[[], float] = time.time) -> int:
@@ -161,6 +203,8 @@ class HostState:
     notices: NoticeService | None = None
     notifications: NotificationService | None = None
     notice_parts: NoticeParts | None = None
+    # The dependencies and the webhook backlog as the metrics read them (started in the lifespan).
+    probe: OpsProbe | None = None
 
     # Account-stream event ids (spec "Account stream" 3-4): `<hostId>.<bootEpochMs>.<seq>`. Only ids this
     # very process issued resume; another host's, or one from before a restart, starts with `reset`.
@@ -275,7 +319,8 @@ class HostState:
 
 async def readiness(state: HostState) -> dict[str, str]:
     """The readiness checks of a host, each "ok" or what is wrong: state restored, database and at least
-    one gateway reachable, Redis when configured, and once restored the clock and the signer's claim.
+    one gateway reachable, Redis when configured, and once restored the clock and the signer (its claim, and
+    whether its keys can sign).
     `GET /readyz` answers them; the kit's `GET /health` says ok only when all are."""
     checks = {
         "restore": "ok" if state.restored else (state.startup_error or "running"),
@@ -291,8 +336,57 @@ async def readiness(state: HostState) -> dict[str, str]:
             if offset is not None and abs(offset) <= state.settings.max_clock_offset_ms
             else f"offset {offset} ms"
         )
-        checks["signer"] = "ok" if state.signer.holds else "fenced"
+        checks["signer"] = state.signer.readiness()  # ok, fenced, or unavailable (docs/keys.md)
     return checks
+
+
+PROBE_INTERVAL_S = 5.0
+
+
+class OpsProbe:
+    """Every PROBE_INTERVAL_S: the dependencies as readiness checks them (database, Redis, gateways) and the
+    webhook backlog, kept for the metrics (a scrape reads them, it never waits for a dependency)."""
+
+    def __init__(self, state: HostState, interval_s: float = PROBE_INTERVAL_S) -> None:
+        self.state = state
+        self.interval_s = interval_s
+        self.dependencies: dict[str, bool] = {}
+        self.webhook_backlog: int | None = None
+        self.webhook_oldest_due_ms: int | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="ops-probe")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            await cancel_and_wait(self._task)
+
+    async def probe(self) -> None:
+        state = self.state
+        found = {
+            "database": state.engine is not None and await ping(state.engine),
+            "gateway": state.http is not None and await gateway_answers(state),
+        }
+        if state.redis is not None:
+            found["redis"] = await redis_answers(state.redis)
+        self.dependencies = found
+        if state.webhooks is not None and found["database"]:
+            now = int(time.time() * 1000)
+            try:
+                count, oldest = await state.webhooks.repo.backlog(now)
+            except Exception as exc:  # the database went away in between: the next probe says so
+                log.warning("webhook backlog unreadable", error=type(exc).__name__)
+            else:
+                self.webhook_backlog, self.webhook_oldest_due_ms = count, oldest
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.probe()
+            except Exception as exc:  # a probe must never stop probing
+                log.warning("ops probe failed", error=type(exc).__name__)
+            await asyncio.sleep(self.interval_s)
 
 
 async def gateway_answers(state: HostState) -> bool:

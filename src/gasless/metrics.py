@@ -4,7 +4,12 @@
 - relay stage timings, observed when a stage's closing transition is published on the intent bus;
 - gateway failures by gateway and kind (the gateway client reports each answer that is not the node's);
 - platform admission refusals, and the automatic incidents raised and resolved (gasless.incidents);
-- queue depths and singleton leadership, read from the host at scrape time.
+- queue depths and singleton leadership, read from the host at scrape time;
+- what an on-call person acts on (deploy/prometheus/, docs/operations.md "Alerts and runbooks"): relayer
+  funds (balance, spend rate, time to the floor, assignability), intents stuck after their co-signature,
+  sends no gateway acknowledged, the mirror's and the tracker's lag, settlement failures, the webhook
+  backlog, the dependencies (database, Redis, gateways) as the host's own probe finds them, the signer
+  fence.
 """
 
 from __future__ import annotations
@@ -71,6 +76,17 @@ class HostMetrics:
             "gasless_automatic_incidents",
             "Automatic incidents this host raised or resolved, by kind and change (raised, resolved).",
             ("kind", "change"),
+            registry=self.registry,
+        )
+        self.unacknowledged_sends = Counter(
+            "gasless_broadcast_unacknowledged",
+            "Sends of a co-signed transaction (first sends and re-sends) that no gateway acknowledged.",
+            registry=self.registry,
+        )
+        self.settlement_failures = Counter(
+            "gasless_settlement_failures",
+            "Settlement batch failures on this host, by kind (send, execution, root_conflict, tick).",
+            ("kind",),
             registry=self.registry,
         )
 
@@ -151,9 +167,107 @@ class HostCollector(Collector):
             "1 once the host restored its state (the restore check is ok).",
             value=values.get("ready", 0),
         )
+        if values.get("signer_fenced") is not None:
+            yield GaugeMetricFamily(
+                "gasless_signer_fenced",
+                "1 while this host's signer identity is fenced (another process holds it: no co-signing).",
+                value=values["signer_fenced"],
+            )
+        yield from _relayer_families(values.get("relayers", []), values.get("floor_atto"))
+        oldest = GaugeMetricFamily(
+            "gasless_tracker_oldest_unexecuted_seconds",
+            "Age since co-signature of the oldest intent this host follows that is still COSIGNED (no gateway "
+            "acknowledged it) or BROADCAST (not executed).",
+            labels=("state",),
+        )
+        for state, age_ms in sorted(values.get("oldest_unexecuted_ms", {}).items()):
+            oldest.add_metric((state,), age_ms / 1000)
+        yield oldest
+        for name, key, text in (
+            (
+                "gasless_tracker_lag_hyperblocks",
+                "tracker_lag",
+                "Metachain blocks the network view has shown that this host's tracker has not read yet.",
+            ),
+            (
+                "gasless_mirror_lag_hyperblocks",
+                "mirror_lag",
+                "Final hyperblocks the contract mirror has not applied yet (on the host leading `mirror`).",
+            ),
+            (
+                "gasless_webhook_backlog",
+                "webhook_backlog",
+                "Webhook deliveries due and not delivered (the shared database, read by this host's probe).",
+            ),
+            (
+                "gasless_webhook_backlog_oldest_seconds",
+                "webhook_oldest_s",
+                "How long the oldest due webhook delivery has been waiting (0 when none is due).",
+            ),
+        ):
+            if values.get(key) is not None:
+                yield GaugeMetricFamily(name, text, value=values[key])
+        up = GaugeMetricFamily(
+            "gasless_dependency_up",
+            "1 when this host's last probe (every 5 s, as /readyz checks) reached the dependency "
+            "(database, redis, gateway: at least one gateway), else 0.",
+            labels=("dependency",),
+        )
+        for dependency, ok in sorted(values.get("dependencies", {}).items()):
+            up.add_metric((dependency,), 1.0 if ok else 0.0)
+        yield up
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
+
+
+ATTO_PER_EGLD = 10**18
+
+
+def _relayer_families(relayers: list[Any], floor_atto: int | None) -> Iterator[Metric]:
+    """The relayer pool's funds: one series per relayer (labels `relayer`, `shard`)."""
+    if floor_atto is not None:
+        yield GaugeMetricFamily(
+            "gasless_relayer_floor_egld",
+            "The balance under which a relayer is no longer assigned (GASLESS_RELAYER_MIN_BALANCE_ATTO).",
+            value=floor_atto / ATTO_PER_EGLD,
+        )
+    labels = ("relayer", "shard")
+    balance = GaugeMetricFamily(
+        "gasless_relayer_balance_egld", "The relayer's balance on chain, as last read.", labels=labels
+    )
+    in_flight = GaugeMetricFamily(
+        "gasless_relayer_in_flight_egld",
+        "The most the relayer's co-signed, not yet executed intents can cost (counted against its floor).",
+        labels=labels,
+    )
+    spend = GaugeMetricFamily(
+        "gasless_relayer_spend_egld_per_hour",
+        "EGLD the relayer paid per hour over the last hour (balance drops read by this host; absent until "
+        "two readings).",
+        labels=labels,
+    )
+    time_left = GaugeMetricFamily(
+        "gasless_relayer_time_to_floor_seconds",
+        "Time until the relayer's balance less its in-flight fees reaches the floor at the spend rate of the "
+        "last hour (+Inf when nothing is spent; 0 when it is under the floor).",
+        labels=labels,
+    )
+    assignable = GaugeMetricFamily(
+        "gasless_relayer_assignable",
+        "1 when the relayer is assigned new senders (state active and funded above its floor), else 0.",
+        labels=(*labels, "state"),
+    )
+    for info in relayers:
+        key = (info.address, str(info.shard))
+        balance.add_metric(key, info.balance_atto / ATTO_PER_EGLD)
+        in_flight.add_metric(key, info.in_flight_atto / ATTO_PER_EGLD)
+        if info.spend_atto_per_hour is not None:
+            spend.add_metric(key, info.spend_atto_per_hour / ATTO_PER_EGLD)
+        if info.seconds_to_floor is not None:
+            time_left.add_metric(key, info.seconds_to_floor)  # +Inf: nothing spent
+        assignable.add_metric((*key, info.state), 1.0 if info.assignable else 0.0)
+    yield from (balance, in_flight, spend, time_left, assignable)
 
 
 class MetricsMiddleware:

@@ -140,6 +140,17 @@ class Settings(BaseSettings):
 
     # Relay core.
     relayer_key_files: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+    # Relayer key custody (docs/keys.md): `pem` signs in process with `relayer_key_files`; `pkcs11` signs
+    # inside a PKCS#11 token (an HSM, SoftHSM, a cloud KMS's PKCS#11 library) with the keys named in
+    # `pkcs11_relayer_keys` (`label:NAME` or `id:HEX`), logged in with the PIN (`pkcs11_pin` or the first
+    # line of `pkcs11_pin_file`), one session per signing thread (`pkcs11_sessions`).
+    signer: Literal["pem", "pkcs11"] = "pem"
+    pkcs11_module: Path | None = None
+    pkcs11_token_label: str | None = Field(default=None, min_length=1, max_length=32)
+    pkcs11_pin: SecretStr | None = None
+    pkcs11_pin_file: Path | None = None
+    pkcs11_relayer_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    pkcs11_sessions: int = Field(default=4, ge=1, le=64)
     relayer_min_balance_atto: int = Field(default=50_000_000_000_000_000, ge=0)  # 0.05 EGLD
     relayer_refresh_ms: int = Field(default=5_000, ge=100)
     latency_rollup_ms: int = Field(default=5_000, ge=50, description="the latency rollup worker's period")
@@ -273,6 +284,7 @@ class Settings(BaseSettings):
 
     @field_validator(
         "relayer_key_files",
+        "pkcs11_relayer_keys",
         "native_auth_origins",
         "webhook_local_receiver_cidrs",
         "webhook_retry_backoff_ms",
@@ -316,6 +328,43 @@ class Settings(BaseSettings):
         for cidr in value:
             ipaddress.ip_network(cidr, strict=False)  # ValueError names the bad entry
         return value
+
+    @model_validator(mode="after")
+    def _check_signer(self) -> Settings:
+        """A pkcs11 signer's settings, checked before anything starts (the token itself is opened by the
+        host: docs/keys.md)."""
+        if self.signer != "pkcs11":
+            return self
+        from gasless.signer.pkcs11 import KeyRef
+
+        problems = []
+        if self.pkcs11_module is None:
+            problems.append("GASLESS_PKCS11_MODULE (the PKCS#11 library, a .so file) is not set")
+        elif not self.pkcs11_module.is_file():
+            problems.append(f"GASLESS_PKCS11_MODULE {self.pkcs11_module}: no such file")
+        if self.pkcs11_token_label is None:
+            problems.append("GASLESS_PKCS11_TOKEN_LABEL (the token's label) is not set")
+        if (self.pkcs11_pin is None) == (self.pkcs11_pin_file is None):
+            problems.append(
+                "set one of GASLESS_PKCS11_PIN and GASLESS_PKCS11_PIN_FILE (the token's user PIN)"
+            )
+        elif self.pkcs11_pin_file is not None and not os.access(self.pkcs11_pin_file, os.R_OK):
+            problems.append(f"GASLESS_PKCS11_PIN_FILE {self.pkcs11_pin_file}: no such file or not readable")
+        if not self.pkcs11_relayer_keys:
+            problems.append("GASLESS_PKCS11_RELAYER_KEYS (the relayer keys, label:NAME or id:HEX) is empty")
+        for ref in self.pkcs11_relayer_keys:
+            try:
+                KeyRef.parse(ref)
+            except ValueError as exc:
+                problems.append(f"GASLESS_PKCS11_RELAYER_KEYS: {exc}")
+        if self.relayer_key_files:
+            problems.append(
+                "GASLESS_RELAYER_KEY_FILES is for the pem signer: with GASLESS_SIGNER=pkcs11 the relayer keys "
+                "are the token's (GASLESS_PKCS11_RELAYER_KEYS)"
+            )
+        if problems:
+            raise ValueError(f"GASLESS_SIGNER=pkcs11: {'; '.join(problems)}")
+        return self
 
     @model_validator(mode="after")
     def _check_production_needs(self) -> Settings:
@@ -385,7 +434,8 @@ class Settings(BaseSettings):
         ):
             if _placeholder_url(url):
                 missing.append((env, f"{what}, not the placeholder {url}"))
-        relayers = self._relayer_problems(network.num_shards)
+        # A token's relayer keys are checked when the host opens it (a shard without one: not ready).
+        relayers = self._relayer_problems(network.num_shards) if self.signer == "pem" else ""
         if relayers:
             missing.append(
                 (

@@ -50,13 +50,14 @@ from gasless.relay.ownership import RECOVERY_ROLE, HostIntents, OrphanAdopter
 from gasless.relay.quote import QuoteService
 from gasless.relay.relayers import RelayerPool
 from gasless.relay.repository import IntentRepository
+from gasless.relay.restored import QUIET_ROUNDS, RestoreReconciler
 from gasless.relay.service import RelayConfig, RelayService
 from gasless.settings import Settings
 from gasless.settlement.owner_tx import OwnerTransactor, load_owner_key
 from gasless.settlement.repository import SettlementRepository
 from gasless.settlement.service import ProofService
 from gasless.settlement.worker import SETTLEMENT_ROLE, SettlementWorker
-from gasless.signer import FencedSigner, PemSigner, Signer
+from gasless.signer import FencedSigner, Signer, open_signer
 from gasless.status.account import AccountStatusService
 from gasless.status.jobs import FEED_ROLE, FeedPublisher
 from gasless.status.probe import PROBE_ROLE, Prober
@@ -106,17 +107,19 @@ async def start_relay_core(
         await network.stop()  # nothing reads the chain on this host from here
         return
     state.gateway, state.network = gateway, network
-    inner: Signer = PemSigner.from_files(settings.relayer_key_files)
-    if signer_wrapper is not None:
-        inner = signer_wrapper(inner)
+    opened = await open_signer(settings, lambda why: setattr(state, "startup_error", why))
+    if opened is None:
+        return  # the signer refused its configuration: never ready, /readyz says why (docs/keys.md)
+    inner: Signer = opened if signer_wrapper is None else signer_wrapper(opened)
+    await reconcile_restored(state, settings, gateway, network, inner)
     signer = FencedSigner(
         inner,
         state.engine,
         signer_id=f"{settings.key_env}:{settings.instance_id}",
         ttl_ms=settings.signer_fence_ttl_ms,
     )
+    state.signer = signer  # from here the host's stop closes it (a token's sessions)
     await signer.start()
-    state.signer = signer
     mirror = ContractMirror(gateway, settings.network.contract_address, pair=settings.network.pair_address)
     relayers = RelayerPool(
         state.engine,
@@ -136,6 +139,7 @@ async def start_relay_core(
     if state.webhook_recorder is not None:
         bus.listen(state.webhook_recorder.observe)
     broadcaster = Broadcaster(gateway, repo, bus)
+    broadcaster.on_unacknowledged = state.metrics.unacknowledged_sends.inc
     # The tracker follows this host's intents (and adopted ones while it leads recovery).
     tracked = HostIntents(state.engine, settings.instance_id)
     tracker = Tracker(gateway, network, tracked, bus, broadcaster)
@@ -387,6 +391,36 @@ async def verify_chain(state: HostState, gateway: GatewayClient, network: Networ
     return True
 
 
+async def reconcile_restored(
+    state: HostState, settings: Settings, gateway: GatewayClient, network: NetworkView, signer: Signer
+) -> None:
+    """A restored database's first start: reconciled with the chain before this host may sign
+    (gasless.relay.restored); one read on any other database."""
+    assert state.engine is not None
+    quiet_ms = max(settings.signer_fence_ttl_ms, QUIET_ROUNDS * network.params.round_duration_ms)
+
+    def report(why: str) -> None:
+        state.startup_error = why
+
+    reconciler = RestoreReconciler(
+        state.engine,
+        gateway,
+        network,
+        [key.bech32 for key in signer.relayers()],
+        host_id=settings.instance_id,
+        quiet_ms=quiet_ms,
+        report=report,
+    )
+    while True:
+        try:
+            await reconciler.run()
+            return
+        except Exception as exc:  # the gateways or the database failed: start over, not ready meanwhile
+            state.startup_error = f"restore: {type(exc).__name__}"
+            log.warning("restored database: reconciliation failed; retrying", error=repr(exc)[:300])
+            await asyncio.sleep(1.0)
+
+
 def add_billing_workers(
     state: HostState,
     settings: Settings,
@@ -428,6 +462,7 @@ def add_billing_workers(
             interval_ms=settings.settlement_interval_ms,
             max_rows=settings.settlement_max_rows,
         )
+        worker.on_failure = lambda kind: state.metrics.settlement_failures.labels(kind).inc()
         singletons.add(SETTLEMENT_ROLE, worker)
     state.settlement_worker = worker
 

@@ -12,12 +12,11 @@ from typing import Annotated, Any, TypeVar
 
 import aiohttp
 import typer
-from rich.table import Table
 
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.chain.gateway import GatewayClient
 from gasless.cli.common import EXIT_FAILED, fail, invalid_settings, read_pem
-from gasless.cli.output import CliConsole
+from gasless.cli.output import CliConsole, key_value_table
 
 admin_app = typer.Typer(
     help="Operator commands: the billing contract (signed with the owner key) and public incidents.",
@@ -150,6 +149,84 @@ def relayer_state(
     )
 
 
+def _egld(atto: str | int | None) -> str:
+    """An atto amount in EGLD, exact (no rounding): `0.05`, `1000`."""
+    if atto is None:
+        return "-"
+    whole, frac = divmod(int(atto), 10**18)
+    return f"{whole}.{frac:018d}".rstrip("0").rstrip(".")
+
+
+def _duration(seconds: int | None, spend: str | None) -> str:
+    if seconds is None:
+        return "never (nothing spent)" if spend is not None else "unknown yet"
+    if seconds <= 0:
+        return "under the floor"
+    days, rest = divmod(seconds, 86_400)
+    hours, rest = divmod(rest, 3_600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{days}d"] if days else []
+    parts += [f"{hours}h"] if hours or days else []
+    parts += [f"{minutes}m"] if not days else []
+    return " ".join(parts) if parts and (days or hours or minutes) else f"{secs}s"
+
+
+@admin_app.command("relayers")
+def relayers_command(
+    api: Annotated[
+        str, typer.Option("--api", envvar="GASLESS_API_URL", help="Base URL of a gasless API host.")
+    ] = "http://127.0.0.1:8080",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the relayers as one JSON line on stdout, and nothing else.")
+    ] = False,
+) -> None:
+    """Every relayer with its funds, as the host's relayer pool sees them (read from its /readyz): state,
+    assignable, balance, fees in flight, floor, EGLD spent per hour over the last hour, time to the floor."""
+    from gasless.cli.endpoints import EndpointError, check_api
+    from gasless.cli.output import print_records
+
+    async def read() -> dict[str, Any]:
+        async with aiohttp.ClientSession() as http:
+            await check_api(http, api)
+            async with http.get(f"{api.rstrip('/')}/readyz", timeout=aiohttp.ClientTimeout(total=15)) as got:
+                return dict(await got.json())
+
+    try:
+        health = asyncio.run(read())
+    except EndpointError as exc:
+        fail(str(exc))
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        fail(f"{api}/readyz: {type(exc).__name__}: {exc}", label="cannot read the relayers")
+    entries = list(health.get("relayers") or [])
+    if as_json:
+        typer.echo(json.dumps(entries, separators=(",", ":")))
+        return
+    if not entries:
+        fail(
+            f"host {health.get('hostId')} has no relayer pool yet (status {health.get('status')})",
+            EXIT_FAILED,
+        )
+    columns = (
+        "relayer", "shard", "state", "assignable", "balance EGLD", "in flight EGLD", "floor EGLD",
+        "spent EGLD/h", "time to floor",
+    )  # fmt: skip
+    rows = [
+        (
+            e["address"],
+            e["shard"],
+            e["state"],
+            "yes" if e["assignable"] else "no",
+            _egld(e["balanceAtto"]),
+            _egld(e["inFlightAtto"]),
+            _egld(e["floorAtto"]),
+            _egld(e["spendAttoPerHour"]),
+            _duration(e["secondsToFloor"], e["spendAttoPerHour"]),
+        )
+        for e in entries
+    ]
+    print_records(CliConsole(), f"relayers (host {health.get('hostId')})", columns, rows)
+
+
 def _pause(scope: str, paused: bool, settings: Any) -> None:
     function = "setPaused" if scope == "contract" else "setDepositsPaused"
     _owner_call(settings, function, [paused], f"{'pause' if paused else 'unpause'} {scope}")
@@ -232,10 +309,8 @@ def settle_now(
     if batch is None or batch.get("execution") != "success":
         console.print(f"[red]the batch was not settled:[/red] {batch}")
         raise typer.Exit(1)
-    table = Table(title=f"settlement batch {batch['batch_id']}")
-    for key in ("batch_id", "row_count", "total_ru", "usage_root", "tx_hash", "state"):
-        table.add_row(key, str(batch[key]))
-    console.print(table)
+    names = ("batch_id", "row_count", "total_ru", "usage_root", "tx_hash", "state")
+    console.print(key_value_table("settlement batch", [(name, batch[name]) for name in names]))
     typer.echo(
         json.dumps({k: batch[k] for k in ("batch_id", "usage_root", "row_count", "total_ru", "tx_hash")})
     )
@@ -260,14 +335,15 @@ def status(
             await engine.dispose()
 
     info = asyncio.run(read())
-    table = Table(title="gasless billing status")
     cursor = info["cursor"] or {}
-    table.add_row("mirror cursor (hyperblock)", str(cursor.get("hyperblockNonce", "none yet")))
-    table.add_row("mirrored accounts", str(info["accounts"]))
-    table.add_row("purchase events", str(info["purchases"]))
     last = info["lastBatch"]
-    table.add_row("last batch", "none" if last is None else f"{last['batch_id']} ({last['state']})")
-    console.print(table)
+    rows = [
+        ("mirror cursor (hyperblock)", cursor.get("hyperblockNonce", "none yet")),
+        ("mirrored accounts", info["accounts"]),
+        ("purchase events", info["purchases"]),
+        ("last batch", "none" if last is None else f"{last['batch_id']} ({last['state']})"),
+    ]
+    console.print(key_value_table("gasless billing status", rows))
     typer.echo(json.dumps(info, default=str))
 
 
@@ -324,8 +400,10 @@ def verify_proof_command(
 
 def register(app: typer.Typer) -> None:
     """Add `gasless admin ...` (with `gasless admin incident ...`) and `gasless verify-proof`."""
+    from gasless.cli.backup import register as register_backup
     from gasless.cli.incidents import incident_app
 
     admin_app.add_typer(incident_app, name="incident")
+    register_backup(admin_app)  # backup, restore, restore-report, migrate (gasless.cli.backup)
     app.add_typer(admin_app, name="admin")
     app.command("verify-proof")(verify_proof_command)

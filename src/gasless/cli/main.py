@@ -11,14 +11,17 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+import click
 import typer
 from rich.markup import escape
 from rich.table import Table
+from typer.core import TyperGroup
 
 from gasless.cli.admin import register as register_admin
 from gasless.cli.agents import register as register_agents
 from gasless.cli.auth import auth_app
 from gasless.cli.common import EXIT_FAILED, EXIT_USAGE, fail, invalid_settings, one_line
+from gasless.cli.keys import register as register_keys
 from gasless.cli.output import CliConsole
 from gasless.cli.purchases import register as register_purchases
 from gasless.cli.relay import relay_app
@@ -26,8 +29,30 @@ from gasless.cli.signals import StopRequested, run_until_stopped, stop_exit_code
 from gasless.cli.x402 import x402_app
 from gasless.logs import configure_logging
 
+# `gasless --help` lists the commands by what they are for, in this order (each command's panel).
+PANELS: dict[str, tuple[str, ...]] = {
+    "Serving": ("up", "serve", "localnet", "status-site", "mcp"),
+    "Paying": ("pricing", "buy", "deposit", "flags", "senders", "x402"),
+    "Relaying": ("relay",),
+    "Reading": ("auth", "errors", "verify-proof"),
+    "Operating": ("admin", "keys"),
+}
+ORDER = [name for names in PANELS.values() for name in names]
+
+
+class GroupedCommands(TyperGroup):
+    """The top-level command: its subcommands listed in the order of PANELS."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda name: ORDER.index(name) if name in ORDER else len(ORDER))
+
+
 app = typer.Typer(
-    help="gasless: the gasless relaying service for MultiversX.", no_args_is_help=True, add_completion=False
+    help="gasless: the gasless relaying service for MultiversX.",
+    no_args_is_help=True,
+    add_completion=False,
+    cls=GroupedCommands,
 )
 console = CliConsole(stderr=True)
 
@@ -37,6 +62,7 @@ app.add_typer(x402_app, name="x402")
 register_admin(app)  # gasless admin ..., gasless verify-proof
 register_agents(app)  # gasless mcp
 register_purchases(app)  # gasless pricing, buy, deposit, flags, senders
+register_keys(app)  # gasless keys ... (docs/keys.md)
 
 
 def settle_heap() -> None:
@@ -98,7 +124,7 @@ def _print_embedded(hosts, localnet, status_url=None) -> None:  # type: ignore[n
     title = f"gasless is up (localnet + {storage}, {len(hosts)} API host{'s' if len(hosts) > 1 else ''})"
     table = Table(title=title, show_lines=False)
     table.add_column("what")
-    table.add_column("where")
+    table.add_column("where", overflow="fold")
     for settings in hosts:
         base = settings.network.api_base_url
         table.add_row(f"API (host {settings.host_id})", base)
@@ -261,8 +287,9 @@ def status_site(
     host: Annotated[str, typer.Option("--host", help="The address to listen on.")] = "127.0.0.1",
     site_url: Annotated[str, typer.Option("--site-url", help="Public URL (links in the Atom feed).")] = "",
 ) -> None:
-    """Serve the status site: the page and the feeds, from the published feed files only (a separate
-    deployment: it keeps serving the last feeds when the API is down)."""
+    """Serve the status site (the page and the feeds) from the published feed files only.
+
+    A separate deployment: it keeps serving the last feeds when the API is down."""
     import uvicorn
 
     from gasless.embedded import PortUnavailable, check_port
@@ -533,6 +560,19 @@ def errors(
     from gasless.errors import catalogue_document
 
     typer.echo(json.dumps(catalogue_document(docs_url), indent=2))
+
+
+def _place_in_panels() -> None:
+    """Put every command and command group in its panel of `gasless --help` (PANELS)."""
+    panel_of = {name: panel for panel, names in PANELS.items() for name in names}
+    for info in [*app.registered_commands, *app.registered_groups]:
+        callback = getattr(info, "callback", None)
+        name = info.name or (callback.__name__.replace("_", "-") if callback is not None else None)
+        if name in panel_of:
+            info.rich_help_panel = panel_of[name]
+
+
+_place_in_panels()
 
 
 def main() -> None:

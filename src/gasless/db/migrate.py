@@ -1,4 +1,11 @@
-"""Schema migrations: Alembic driven programmatically (no alembic.ini), safe to run concurrently."""
+"""Schema migrations: Alembic driven programmatically (no alembic.ini), safe to run concurrently.
+
+Migrations are written expand-then-contract (docs/storage.md, "Schema changes"): a release's migrations
+never break the release before it, which may still be serving on the same database during a rolling
+upgrade. So a host whose database is already at a revision this release does not know (a newer release
+migrated it) starts without migrating, and says so, instead of refusing: the newer schema is a superset of
+what it needs.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +15,7 @@ import threading
 import time
 from pathlib import Path
 
+import structlog
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -22,6 +30,8 @@ MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 # Key of the PostgreSQL advisory lock serialising migrators across processes and hosts.
 MIGRATION_LOCK_KEY = int.from_bytes(hashlib.sha256(b"gasless.db.migrate").digest()[:8], "big", signed=True)
 SQLITE_MIGRATION_BUSY_TIMEOUT_MS = 120_000
+
+log = structlog.get_logger("gasless.db")
 
 # Alembic's `context` and `op` are process-wide proxies: two migrations in one process must not interleave.
 _ALEMBIC_LOCK = threading.Lock()
@@ -39,6 +49,15 @@ def make_config(url: str | None = None) -> Config:
 def head_revision() -> str | None:
     """The newest revision shipped with this package."""
     return ScriptDirectory.from_config(make_config()).get_current_head()
+
+
+def known_revision(revision: str) -> bool:
+    """Whether this package ships `revision` (a database at an unknown one was migrated by a newer release)."""
+    script = ScriptDirectory.from_config(make_config())
+    try:
+        return script.get_revision(revision) is not None
+    except Exception:  # noqa: BLE001 - alembic raises ResolutionError / CommandError for unknown ids
+        return False
 
 
 async def upgrade(url_or_engine: str | AsyncEngine, revision: str = "head") -> None:
@@ -135,6 +154,17 @@ def _alembic_command(connection: Connection, action: str, revision: str) -> None
     config = make_config()
     config.attributes["connection"] = connection
     if action == "upgrade":
+        current = MigrationContext.configure(connection).get_current_heads()
+        ahead = sorted(rev for rev in current if not known_revision(rev))
+        if ahead:
+            # A newer release migrated this database (a rolling upgrade under way): its migrations are
+            # expand-only with respect to this release, which serves on it as it is.
+            log.warning(
+                "database schema newer than this release: not migrating",
+                database_revision=",".join(ahead),
+                release_head=head_revision(),
+            )
+            return
         command.upgrade(config, revision)
     elif action == "downgrade":
         command.downgrade(config, revision)

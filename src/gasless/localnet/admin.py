@@ -164,6 +164,16 @@ async def faucet(request: web.Request) -> web.Response:
     )
 
 
+async def set_balance(request: web.Request) -> web.Response:
+    """Set an account's EGLD balance exactly (a relayer drained or refilled by a test)."""
+    chain = request.app[CHAIN_KEY]
+    body = await _body(request)
+    pubkey = _pubkey(body.get("address"))
+    account = chain.world.get(pubkey)
+    account.balance = _amount(body, "egldAtto")
+    return ok({"address": address_of(pubkey).to_bech32(), "balance": str(account.balance)})
+
+
 def _contract(chain: LocalChain, bech32: str | None) -> Any:
     if not bech32:
         return None
@@ -340,6 +350,7 @@ def add_admin_routes(app: web.Application) -> None:
     r = app.router
     r.add_get("/localnet/info", info)
     r.add_post("/localnet/faucet", faucet)
+    r.add_post("/localnet/balance", set_balance)
     r.add_get("/localnet/pause", get_pause)
     r.add_post("/localnet/pause", set_pause)
     r.add_get("/localnet/faults", get_faults)

@@ -79,6 +79,7 @@ class MirrorFollower:
         self._task: asyncio.Task[None] | None = None
         self._applied = asyncio.Condition()
         self.cursor: int | None = None
+        self.final: int | None = None  # the newest final hyperblock the follower has seen (its lag: metrics)
         self._failing = False
 
     # Subscriptions ----------------------------------------------------------------------------------
@@ -140,6 +141,7 @@ class MirrorFollower:
         """Apply the next final hyperblocks (at most one step); True when more are waiting."""
         meta = await self.gateway.network_status(METACHAIN)
         final = int(meta["erd_highest_final_nonce"])
+        self.final = final
         if self.cursor is not None and final <= self.cursor:
             # Nothing newer is final. The stored cursor is never behind this one (it only moves forward,
             # and this one is read from it or written to it), so it need not be read on every poll.
@@ -174,6 +176,12 @@ class MirrorFollower:
         if committed:
             await self._notify(self._committed_callbacks, committed)
         return last < final
+
+    def lag_hyperblocks(self) -> int | None:
+        """Final hyperblocks not applied yet (None before the first step)."""
+        if self.cursor is None or self.final is None:
+            return None
+        return max(0, self.final - self.cursor)
 
     async def _advanced(self, cursor: int) -> None:
         async with self._applied:

@@ -82,6 +82,8 @@ class Broadcaster:
         self._tasks: set[asyncio.Task[Any]] = set()
         self.sending: set[int] = set()  # intents with a send still waiting for its first answer
         self.on_update: Callable[[Rec], None] | None = None
+        # Called once per send that no gateway acknowledged (metrics: broadcast failures).
+        self.on_unacknowledged: Callable[[], None] | None = None
         self._acks: dict[int, int] = {}  # first acknowledgements waiting to be written (pk -> ms)
         self._ack_gateways: dict[int, str] = {}  # ... and the gateway that gave each
         self._ack_writer: asyncio.Task[None] | None = None
@@ -104,6 +106,8 @@ class Broadcaster:
         sent.ack_ms.set_result(ack_ms)
         if ack_ms is None:
             log.warning("no gateway acknowledged; the tracker re-sends", tx_hash=tx_hash, error=result.error)
+            if self.on_unacknowledged is not None:
+                self.on_unacknowledged()
             try:
                 await self.repo.note_sent(pk, now_ms())
             except Exception as exc:  # the tracker repairs state from the chain
@@ -211,6 +215,21 @@ class Tracker(Worker):
     @property
     def tracked(self) -> int:
         return len(self._tracked)
+
+    def oldest_unexecuted_ms(self, now_ms: int) -> dict[str, int]:
+        """Per state (COSIGNED: no gateway acknowledged it yet; BROADCAST: not executed yet), how long ago
+        the oldest intent this host follows in that state was co-signed (metrics: stuck intents)."""
+        oldest: dict[str, int] = {}
+        for row in self._tracked.values():
+            if row.state in ("COSIGNED", "BROADCAST") and row.cosigned_at_ms is not None:
+                oldest[row.state] = min(oldest.get(row.state, now_ms), int(row.cosigned_at_ms))
+        return {state: max(0, now_ms - at) for state, at in oldest.items()}
+
+    def lag_hyperblocks(self) -> int | None:
+        """How many metachain blocks the network view has shown that the tracker has not read yet."""
+        if self._hyper_cursor is None or self._meta_nonce is None:
+            return None
+        return max(0, self._meta_nonce - self._hyper_cursor + 1)
 
     async def recover(self) -> int:
         """Orphan recovery at start-up: re-broadcast every co-signed row no gateway acknowledged."""

@@ -485,6 +485,7 @@ class RelayService:
             log.warning("commit failed; the signature is discarded", error=type(exc).__name__)
             raise ApiError("UPSTREAM_UNAVAILABLE", detail="database unavailable; nothing was sent") from None
         # From here on: 200 or 202, whatever happens.
+        self.relayers.note_cosigned(relayer, tx.gas_limit * tx.gas_price)  # counts against its floor now
         row = Rec(
             pk=pk,
             **values,

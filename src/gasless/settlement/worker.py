@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -54,6 +55,13 @@ class SettlementWorker:
         self._wake = asyncio.Event()
         self._started_ms = _now_ms()
         self._lock = asyncio.Lock()
+        # Called with the kind of each failure (metrics): `send` (settleUsage not sent), `execution`
+        # (sent, did not execute: resubmitted), `root_conflict`, `tick` (anything else).
+        self.on_failure: Callable[[str], None] | None = None
+
+    def _failed(self, kind: str) -> None:
+        if self.on_failure is not None:
+            self.on_failure(kind)
 
     async def start(self) -> None:
         if self._task is None:
@@ -85,6 +93,7 @@ class SettlementWorker:
                 raise
             except Exception as exc:  # noqa: BLE001 - retried next tick
                 log.warning("settlement.tick_failed", error=str(exc), error_type=type(exc).__name__)
+                self._failed("tick")
             await wait_event(self._wake, self.tick_ms / 1000)
 
     async def tick(self, *, force: bool = False) -> int | None:
@@ -107,6 +116,7 @@ class SettlementWorker:
         if on_chain is not None:
             if on_chain.hex() != batch["usage_root"]:
                 log.error("settlement.root_conflict", batch_id=batch_id)
+                self._failed("root_conflict")
                 await self.repo.mark(batch_id, "failed")
             return  # the mirror commits it once the event is final
         if batch["state"] == "submitted" and batch["tx_hash"]:
@@ -115,6 +125,7 @@ class SettlementWorker:
             if state == "success" or (state == "pending" and age < RESUBMIT_AFTER_MS):
                 return
             log.warning("settlement.resubmit", batch_id=batch_id, state=state, reason=reason)
+            self._failed("execution")
         await self._submit(await self.repo.rebuild(batch_id))
 
     async def _submit(self, built: BuiltBatch) -> None:
@@ -124,6 +135,7 @@ class SettlementWorker:
             tx_hash = await self.owner.send("settleUsage", args, gas_limit=gas)
         except OwnerCallError as exc:
             log.warning("settlement.send_failed", batch_id=built.batch_id, error=str(exc))
+            self._failed("send")
             return
         await self.repo.mark(built.batch_id, "submitted", tx_hash=tx_hash)
         log.info("settlement.submitted", batch_id=built.batch_id, tx_hash=tx_hash)

@@ -1,5 +1,5 @@
-"""Relayer key custody and co-signing. The hot path sees only the `Signer` interface, so a KMS or HSM
-signer can replace the PEM one without touching the relay code."""
+"""Relayer key custody and co-signing. The hot path sees only the `Signer` interface: keys from PEM files
+(`PemSigner`) or held in a PKCS#11 token (`Pkcs11Signer`, docs/keys.md), chosen by `open_signer`."""
 
 from gasless.signer.base import (
     RelayerKey,
@@ -10,17 +10,21 @@ from gasless.signer.base import (
     SignerUnavailable,
     sign_with_deadline,
 )
+from gasless.signer.custody import open_signer
 from gasless.signer.fence import FencedSigner
 from gasless.signer.pem import PemSigner
+from gasless.signer.pkcs11 import Pkcs11Signer
 
 __all__ = [
     "FencedSigner",
     "PemSigner",
+    "Pkcs11Signer",
     "RelayerKey",
     "Signer",
     "SignerError",
     "SignerFenced",
     "SignerTimeout",
     "SignerUnavailable",
+    "open_signer",
     "sign_with_deadline",
 ]

@@ -42,7 +42,9 @@ class RelayerKey:
 
 
 class Signer(Protocol):
-    """Co-signs as one of the service's relayers."""
+    """Co-signs as one of the service's relayers. A signer whose keys live in a store that can fail while
+    the host runs (a PKCS#11 token) also offers `unavailable() -> str | None`, why it cannot sign now, which
+    makes the host unready (FencedSigner.readiness)."""
 
     def relayers(self) -> list[RelayerKey]:
         """Every relayer this signer holds a key for."""

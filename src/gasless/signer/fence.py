@@ -61,6 +61,9 @@ class FencedSigner:
     async def stop(self) -> None:
         if self._task is not None:
             await cancel_and_wait(self._task)
+        close = getattr(self.inner, "aclose", None)  # a signer holding resources (a PKCS#11 token's)
+        if close is not None:
+            await close()
 
     async def _claim(self) -> bool:
         """Take or renew the claim; False when another live holder has it."""
@@ -125,6 +128,14 @@ class FencedSigner:
         if not self.holds:
             raise SignerFenced("signer cannot prove it is the only holder of its identity")
         self.inner.check()
+
+    def readiness(self) -> str:
+        """`/readyz`'s signer check: ok, fenced (the claim is not proven), or unavailable (a signer that
+        follows its keys' store says it cannot sign now: a PKCS#11 token gone, docs/keys.md)."""
+        if not self.holds:
+            return "fenced"
+        unavailable = getattr(self.inner, "unavailable", None)
+        return "unavailable" if unavailable is not None and unavailable() is not None else "ok"
 
     def relayers(self) -> list[RelayerKey]:
         return self.inner.relayers()

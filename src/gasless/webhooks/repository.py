@@ -304,3 +304,13 @@ class WebhookRepository:
                 delete(webhook_deliveries).where(c.created_at_ms < older_than_ms, c.status != "pending")
             )
         return int(result.rowcount or 0)
+
+    async def backlog(self, now_ms: int) -> tuple[int, int | None]:
+        """Deliveries due now and not delivered (pending, next attempt in the past), and the due time of the
+        oldest of them (metrics: the webhook backlog)."""
+        c = webhook_deliveries.c
+        query = select(func.count(), func.min(c.next_attempt_at_ms)).where(
+            c.status == "pending", c.next_attempt_at_ms <= now_ms
+        )
+        count, oldest = await run_read(self.engine, lambda conn: tuple(conn.execute(query).one()))
+        return int(count or 0), int(oldest) if oldest is not None else None

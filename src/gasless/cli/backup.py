@@ -1,0 +1,315 @@
+"""`gasless admin backup`, `restore`, `restore-report` and `migrate`: the service database's backups, their
+restore into a new place, what a restored host recovered from the chain, and the schema migrations run
+ahead of a rolling upgrade (docs/operations.md, "Backups and restore" and "Rolling upgrades")."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from gasless.cli.common import EXIT_FAILED, fail, invalid_settings
+from gasless.cli.output import CliConsole, key_value_table, print_records
+
+console = CliConsole(stderr=True)
+
+ConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML settings file.")]
+DatabaseOption = Annotated[
+    str | None, typer.Option("--database-url", help="The service database (default: the settings').")
+]
+
+
+def _settings(config: Path | None, database_url: str | None = None) -> Any:
+    from gasless.settings import Settings
+
+    try:
+        return Settings.load(config_file=config, **({"database_url": database_url} if database_url else {}))
+    except ValueError as exc:
+        invalid_settings(exc)
+
+
+class RichProgress:
+    """gasless.db.backup.Progress on stderr: one bar per stage."""
+
+    def __init__(self) -> None:
+        self.progress = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>5.1f}%"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self.task: TaskID | None = None
+
+    def __enter__(self) -> RichProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._finish()
+        self.progress.stop()
+
+    def _finish(self) -> None:
+        if self.task is not None:
+            task = self.progress.tasks[self.task]
+            self.progress.update(
+                self.task, completed=task.total if task.total is not None else 1, total=task.total or 1
+            )
+
+    def stage(self, description: str, total: float | None = None) -> None:
+        self._finish()
+        self.task = self.progress.add_task(description, total=total)
+
+    def advance(self, completed: float) -> None:
+        if self.task is not None:
+            self.progress.update(self.task, completed=completed)
+
+
+def _when(ms: Any) -> str:
+    if not isinstance(ms, int):
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
+
+
+def _run(work: Any, what: str) -> Any:
+    from gasless.db.backup import BackupFailed, BackupRefused
+
+    try:
+        return asyncio.run(work)
+    except BackupRefused as exc:
+        fail(str(exc), label=f"{what} refused")
+    except BackupFailed as exc:
+        fail(str(exc), EXIT_FAILED, label=f"{what} failed")
+    except OSError as exc:
+        fail(f"{exc.strerror or exc}: {exc.filename or ''}", EXIT_FAILED, label=f"{what} failed")
+    except Exception as exc:  # noqa: BLE001 - a database's refusal (authentication...): the reason, one line
+        fail(f"{type(exc).__name__}: {exc}", EXIT_FAILED, label=f"{what} failed")
+
+
+def backup_command(
+    to: Annotated[Path, typer.Option("--to", help="A new (or empty) directory for the backup.")],
+    config: ConfigOption = None,
+    database_url: DatabaseOption = None,
+) -> None:
+    """Back the service database up while it serves: SQLite through its online backup API, PostgreSQL with
+    pg_dump (custom format). The directory gets the copy and manifest.json (the recovery point)."""
+    from gasless.db.backup import backup, without_password
+
+    settings = _settings(config, database_url)
+    url = settings.effective_database_url
+    with RichProgress() as progress:
+        manifest = _run(backup(url, to, progress), "backup")
+    chain = manifest.get("chain") or {}
+    rows = [
+        ("backup", manifest["backupId"]),
+        ("database", without_password(url)),
+        ("into", f"{to}/{manifest['file']} ({manifest['bytes']} bytes)"),
+        ("snapshot taken", _when(manifest["takenAtMs"])),
+        ("schema revision", manifest["revision"]),
+        (
+            "recovery point (final hyperblock)",
+            chain.get("finalHyperblock", "none (the chain was never seen)"),
+        ),
+        ("intents (in flight)", f"{manifest['intents']['total']} ({manifest['intents']['inFlight']})"),
+    ]
+    console.print(key_value_table("gasless backup", rows))
+    typer.echo(json.dumps(manifest, separators=(",", ":")))
+
+
+def restore_command(
+    source: Annotated[Path, typer.Option("--from", help="A backup directory (gasless admin backup --to).")],
+    data_dir: Annotated[
+        Path | None,
+        typer.Option("--data-dir", help="A new data directory: the database goes to DIR/gasless.db."),
+    ] = None,
+    database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--database-url",
+            help="A new database: a SQLite file that does not exist, or an empty PostgreSQL one.",
+        ),
+    ] = None,
+    source_database_url: Annotated[
+        str | None,
+        typer.Option(
+            "--source-database-url",
+            help="How to reach the database the backup was taken from, to retire it (default: the manifest's).",
+        ),
+    ] = None,
+    leave_source: Annotated[
+        bool,
+        typer.Option(
+            "--leave-source",
+            help="Do not retire the source database (a restore drill: never start a host on the copy with "
+            "the live relayer keys while the source serves).",
+        ),
+    ] = False,
+    config: ConfigOption = None,
+) -> None:
+    """Restore a backup into a new data directory or database (never over one that exists), mark it as a
+    restore, and retire the source database's signer identities. The first host started on it reconciles
+    it with the chain before co-signing."""
+    from gasless.db.backup import restore, without_password
+
+    if (data_dir is None) == (database_url is None):
+        fail("give exactly one of --data-dir (a new data directory) and --database-url (a new database)")
+    url = database_url or f"sqlite+aiosqlite:///{(Path(data_dir or '.') / 'gasless.db').resolve().as_posix()}"
+    settings = _settings(config)
+    with RichProgress() as progress:
+        marker = _run(
+            restore(
+                source,
+                url,
+                progress,
+                key_env=settings.key_env,
+                leave_source=leave_source,
+                source_url=source_database_url,
+            ),
+            "restore",
+        )
+    point = marker.get("recoveryPoint") or {}
+    fence = marker["sourceFence"]
+    rows = [
+        ("restore", marker["restoreId"]),
+        ("into", without_password(url)),
+        ("backup", f"{marker['backupId']} (snapshot taken {_when(marker['backupTakenAtMs'])})"),
+        ("recovery point (final hyperblock)", point.get("finalHyperblock", "none")),
+        ("in flight at the backup", marker.get("inFlightAtBackup")),
+        ("source database", f"{fence['state']}: {fence['detail']}"),
+        ("next", "start a host on it: it reconciles with the chain before it co-signs"),
+    ]
+    console.print(key_value_table("gasless restore", rows))
+    if fence["state"] == "unreachable":
+        console.print(
+            "[yellow]the source database could not be retired:[/yellow] make sure no host serves on it; the "
+            "restored host also waits for the chain to show no other co-signer"
+        )
+    typer.echo(json.dumps(marker, separators=(",", ":")))
+
+
+def restore_report_command(
+    config: ConfigOption = None,
+    database_url: DatabaseOption = None,
+) -> None:
+    """What a restored database's first start found on the chain: the relays beyond the backup's recovery
+    point, recovered as intents (unbilled), and any it could not rebuild."""
+    from sqlalchemy import select
+
+    from gasless.db import create_engine, intents
+    from gasless.db.backup import RESTORE_KEY, read_meta, sqlite_path
+
+    settings = _settings(config, database_url)
+    url = settings.effective_database_url
+    if url.startswith("sqlite") and not sqlite_path(url).is_file():
+        fail(f"{sqlite_path(url)}: no such database file")
+
+    async def read() -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        marker = await read_meta(url, RESTORE_KEY)
+        if marker is None:
+            return None, []
+        engine = create_engine(url)
+        try:
+            async with engine.connect() as conn:
+                rows = (
+                    await conn.execute(
+                        select(
+                            intents.c.sender,
+                            intents.c.nonce,
+                            intents.c.tx_hash,
+                            intents.c.relayer,
+                            intents.c.state,
+                            intents.c.outcome,
+                            intents.c.executed_block_ts_ms,
+                        )
+                        .where(intents.c.request_id == marker.get("restoreId"))
+                        .order_by(intents.c.pk)
+                    )
+                ).all()
+        finally:
+            await engine.dispose()
+        return marker, [dict(row._mapping) for row in rows]
+
+    try:
+        marker, recovered = asyncio.run(read())
+    except Exception as exc:  # noqa: BLE001 - an operator command: the reason, not a traceback
+        fail(f"{exc}", EXIT_FAILED, label="cannot read the database")
+    if marker is None:
+        fail("this database is not a restore (no restore marker)", EXIT_FAILED, label="restore-report")
+    point = marker.get("recoveryPoint") or {}
+    scanned = marker.get("scanned") or {}
+    rows = [
+        ("restore", marker.get("restoreId")),
+        ("state", marker.get("state")),
+        ("backup snapshot taken", _when(marker.get("backupTakenAtMs"))),
+        ("recovery point (final hyperblock)", point.get("finalHyperblock", "none")),
+        ("restored", _when(marker.get("restoredAtMs"))),
+        ("reconciled", _when(marker.get("reconciledAtMs"))),
+        ("hyperblocks read", f"{scanned.get('fromHyperblock', '-')}..{scanned.get('toHyperblock', '-')}"),
+        ("backup's co-signed intents found on chain", marker.get("cosignedFoundOnChain", "-")),
+        ("relays beyond the backup, recovered (unbilled)", len(recovered)),
+        ("relays beyond the backup, not rebuilt", len(marker.get("notRebuilt") or [])),
+        ("source database", (marker.get("sourceFence") or {}).get("state")),
+    ]
+    console.print(key_value_table("gasless restore report", rows))
+    if recovered:
+        print_records(
+            console,
+            "relays beyond the backup (recovered from the chain)",
+            ("txHash", "sender", "nonce", "relayer", "state", "outcome"),
+            [
+                (r["tx_hash"], r["sender"], r["nonce"], r["relayer"], r["state"], r["outcome"])
+                for r in recovered
+            ],
+        )
+    if marker.get("state") == "pending":
+        console.print("[yellow]not reconciled yet:[/yellow] start a host on this database")
+    typer.echo(json.dumps({"restore": marker, "recovered": recovered}, separators=(",", ":"), default=str))
+
+
+def migrate_command(
+    config: ConfigOption = None,
+    database_url: DatabaseOption = None,
+) -> None:
+    """Run the schema migrations this release ships (every host also runs them at start). Migrations are
+    expand-only with respect to the previous release, which keeps serving on the migrated database."""
+    from gasless.db import create_engine
+    from gasless.db.backup import without_password
+    from gasless.db.migrate import current_revision, head_revision, upgrade
+
+    settings = _settings(config, database_url)
+    url = settings.effective_database_url
+
+    async def run() -> tuple[str | None, str | None]:
+        engine = create_engine(url)
+        try:
+            before = await current_revision(engine)
+            with console.status(f"migrating {without_password(url)} to {head_revision()}"):
+                await upgrade(engine)
+            return before, await current_revision(engine)
+        finally:
+            await engine.dispose()
+
+    try:
+        before, after = asyncio.run(run())
+    except Exception as exc:  # noqa: BLE001
+        fail(f"{exc}", EXIT_FAILED, label="migration failed")
+    rows = [
+        ("database", without_password(url)),
+        ("revision before", before or "none (empty)"),
+        ("revision now", after),
+        ("this release's head", head_revision()),
+    ]
+    console.print(key_value_table("gasless migrate", rows))
+    typer.echo(json.dumps({"from": before, "to": after, "head": head_revision()}))
+
+
+def register(admin_app: typer.Typer) -> None:
+    admin_app.command("backup")(backup_command)
+    admin_app.command("restore")(restore_command)
+    admin_app.command("restore-report")(restore_report_command)
+    admin_app.command("migrate")(migrate_command)
