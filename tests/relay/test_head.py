@@ -51,6 +51,7 @@ def test_every_get_route_answers_head_as_get_without_a_body(env: Any, subtests: 
         "webhookId": "wh_unknown",
         "incidentId": "inc_" + "0" * 20,
         "path": "anything",
+        "rest": "anything",
         "userAddress": sender.address,
         "address": sender.address,
         "paymentId": "pay_unknown_0123456789",

@@ -102,8 +102,19 @@ class CompatErrorMiddleware:
         routed = compat_route_path(scope["path"])
         if routed != scope["path"]:
             scope = {**scope, "path": routed, "raw_path": routed.encode()}
+        # HEAD is answered as GET without its body, here: the problem a GET would get is rewritten from its
+        # body, which a HEAD answer no longer carries further in.
+        head = scope.get("method") == "HEAD"
+        if head:
+            scope = {**scope, "method": "GET"}
         held: dict[str, Any] = {}
         chunks: list[bytes] = []
+        downstream = send
+
+        async def send(message: Message) -> None:  # noqa: F811 - the same send, bodiless for HEAD
+            if head and message["type"] == "http.response.body":
+                message = {**message, "body": b""}
+            await downstream(message)
 
         async def rewrite(message: Message) -> None:
             if message["type"] == "http.response.start":

@@ -633,7 +633,8 @@ async def retire_source(
         return SourceFence("unreachable", f"{sqlite_path(url)} does not exist any more")
     progress.stage(f"retiring the source database {without_password(url)}")
     try:
-        live_until = await asyncio.wait_for(_retire(url, restore_id, key_env, target), timeout=30)
+        async with asyncio.timeout(30):
+            live_until = await _retire(url, restore_id, key_env, target)
     except Exception as exc:  # noqa: BLE001 - reported in the marker and by the command
         reason = " ".join(str(exc).split())[:200] or type(exc).__name__
         return SourceFence("unreachable", f"{without_password(url)} could not be reached: {reason}")
