@@ -1,7 +1,7 @@
 """Rolling upgrades: the newest migration keeps the previous release serving (expand-then-contract).
 
 The previous release is the commit before the newest migration was added (HEAD when that migration is not
-committed yet): its tree is checked out with `git worktree` and installed in a virtual environment of its
+committed yet): its tree is taken with `git archive` and installed (as a wheel) in a virtual environment of its
 own from its own lock file, cached under the temporary directory between runs. On one PostgreSQL, host `a`
 runs the previous release (its start migrates the database to that release's head), `gasless admin
 migrate` of this release runs the newest migration under it, host `a` keeps relaying, host `b` starts on
@@ -17,12 +17,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import fcntl
+import io
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
@@ -80,12 +83,27 @@ class Release:
     build_s: float  # what building it took (0: found built)
 
 
+def usable(python: Path) -> bool:
+    """The cached environment still imports its own gasless (a cache from another checkout or a half-cleaned
+    temporary directory is rebuilt, never trusted)."""
+    if not python.exists():
+        return False
+    probe = subprocess.run(
+        [str(python), "-c", "import gasless.cli, gasless.db.migrate"],
+        capture_output=True, cwd=tempfile.gettempdir(), timeout=60,
+    )  # fmt: skip
+    return probe.returncode == 0
+
+
 def build_release(commit: str) -> Release:
-    """The previous release's tree (git worktree) and virtual environment (its own lock), built once and
-    kept under the temporary directory; a build beyond BUILD_BUDGET_S skips the test unless ENABLE_ENV."""
+    """The previous release's tree (`git archive` of the commit: no worktree registered in this checkout) and a
+    virtual environment with it installed as a wheel (its own lock; nothing points back at the tree), built
+    once and kept under the temporary directory; a build beyond BUILD_BUDGET_S skips the test unless
+    ENABLE_ENV."""
     root = Path(tempfile.gettempdir()) / f"gasless-release-{commit[:12]}"
     root.mkdir(exist_ok=True)
     tree, venv, ready = root / "tree", root / "venv", root / "ready.json"
+    python = venv / "bin" / "python"
     uv = Path(sys.executable).parent / "uv"
     if not uv.exists():
         pytest.skip(f"PREVIOUS RELEASE NOT BUILT: {uv} is missing (./dev sync installs it)")
@@ -93,20 +111,23 @@ def build_release(commit: str) -> Release:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build at a time (pytest-xdist workers)
         if ready.exists():
             done = json.loads(ready.read_text())
-            return Release(commit, venv / "bin" / "python", done["head"], 0.0)
+            if done.get("commit") == commit and usable(python):
+                return Release(commit, python, done["head"], 0.0)
+            ready.unlink()
         started = time.monotonic()
-        git("worktree", "prune")
-        if tree.exists():
-            with contextlib.suppress(subprocess.CalledProcessError):
-                git("worktree", "remove", "--force", str(tree))
-        git("worktree", "add", "--detach", str(tree), commit)
+        shutil.rmtree(tree, ignore_errors=True)
+        tree.mkdir()
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", "--format=tar", commit], capture_output=True, check=True, timeout=120
+        )  # fmt: skip
+        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+            tar.extractall(tree, filter="data")
         requirements = root / "requirements.txt"
         steps = [
             [str(uv), "export", "--frozen", "--no-dev", "--no-emit-project", "--no-hashes", "--quiet",
              "--project", str(tree), "-o", str(requirements)],
             [sys.executable, "-m", "venv", "--clear", str(venv)],
-            [str(uv), "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
-             "-r", str(requirements), "-e", str(tree)],
+            [str(uv), "pip", "install", "--quiet", "--python", str(python), "-r", str(requirements), str(tree)],
         ]  # fmt: skip
         for step in steps:
             left = BUILD_BUDGET_S - (time.monotonic() - started)
@@ -122,6 +143,7 @@ def build_release(commit: str) -> Release:
                 )
             except subprocess.CalledProcessError as exc:
                 raise AssertionError(f"{' '.join(step[:3])}: {exc.stderr[-2000:]}") from None
+        assert usable(python), f"the previous release's environment does not import gasless ({python})"
         found = re.findall(
             r'^revision: str = "([^"]+)"',
             "\n".join(p.read_text() for p in (tree / VERSIONS.relative_to(REPO)).glob("*.py")),
@@ -130,7 +152,7 @@ def build_release(commit: str) -> Release:
         head = max(found)
         build_s = time.monotonic() - started
         ready.write_text(json.dumps({"commit": commit, "head": head, "buildSeconds": round(build_s, 1)}))
-        return Release(commit, venv / "bin" / "python", head, build_s)
+        return Release(commit, python, head, build_s)
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,10 @@ from gasless.client.native_auth import make_native_auth_token
 
 # Headers that differ between two requests by nature (a new request id, a bucket that refilled).
 VOLATILE = {"relay-request-id", "ratelimit-remaining", "ratelimit-reset", "date"}
-# Documents that change from one request to the next (a new block every round, quota in chain time).
+# Documents that change from one request to the next (a new block every round, quota in chain time, the
+# relayers' balances and spend rates in the readiness report).
 CHANGING = {
+    "/readyz": {"etag", "content-length"},
     "/v1/network": {"etag", "content-length"},
     "/v1/account/{erd}/quota": {"etag", "content-length"},
 }
