@@ -110,7 +110,9 @@ async def removal(signer: object, relayer: str, tokens: Path) -> list[str]:
 
 async def main(count: int) -> None:
     from gasless.signer import PemSigner
-    from gasless.signer.pkcs11 import KeyRef, Pkcs11Config, Pkcs11Signer, import_key, token_session
+    from gasless.signer.pkcs11 import Pkcs11Config, Pkcs11Signer
+    from gasless.signer.pkcs11_keys import KeyRef, import_key
+    from gasless.signer.pkcs11_library import token_session
 
     module = next((Path(m) for m in MODULES if Path(m).is_file()), None)
     if module is None or shutil.which("softhsm2-util") is None:

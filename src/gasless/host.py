@@ -56,6 +56,7 @@ from gasless.settings import MAX_WORKERS, Settings
 from gasless.settlement.service import ProofService
 from gasless.settlement.worker import SettlementWorker
 from gasless.signer import FencedSigner
+from gasless.signer.owner import OwnerSigner
 from gasless.streams.service import StreamService
 from gasless.webhooks.delivery import Dispatcher, IntentRecorder
 from gasless.webhooks.service import WebhookService
@@ -199,6 +200,8 @@ class HostState:
     mirror_follower: MirrorFollower | None = None
     account_reads: AccountReads | None = None
     settlement_worker: SettlementWorker | None = None
+    # The contract owner's key the settlement worker signs with (a token's sessions: closed on stop).
+    owner_signer: OwnerSigner | None = None
     proof_service: ProofService | None = None
     notices: NoticeService | None = None
     notifications: NotificationService | None = None

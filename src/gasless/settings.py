@@ -7,6 +7,7 @@ Everything the spec lists as differing between networks comes from the profile.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -140,10 +141,11 @@ class Settings(BaseSettings):
 
     # Relay core.
     relayer_key_files: Annotated[list[Path], NoDecode] = Field(default_factory=list)
-    # Relayer key custody (docs/keys.md): `pem` signs in process with `relayer_key_files`; `pkcs11` signs
-    # inside a PKCS#11 token (an HSM, SoftHSM, a cloud KMS's PKCS#11 library) with the keys named in
-    # `pkcs11_relayer_keys` (`label:NAME` or `id:HEX`), logged in with the PIN (`pkcs11_pin` or the first
-    # line of `pkcs11_pin_file`), one session per signing thread (`pkcs11_sessions`).
+    # Key custody (docs/keys.md), the relayer keys' and the billing contract owner's: `pem` signs in
+    # process with `relayer_key_files` and `owner_key_file`; `pkcs11` signs inside a PKCS#11 token (an HSM,
+    # SoftHSM, a cloud KMS's PKCS#11 library) with the keys named in `pkcs11_relayer_keys` and
+    # `pkcs11_owner_key` (`label:NAME` or `id:HEX`), logged in with the PIN (`pkcs11_pin` or the first line
+    # of `pkcs11_pin_file`), one session per relayer signing thread (`pkcs11_sessions`).
     signer: Literal["pem", "pkcs11"] = "pem"
     pkcs11_module: Path | None = None
     pkcs11_token_label: str | None = Field(default=None, min_length=1, max_length=32)
@@ -151,6 +153,8 @@ class Settings(BaseSettings):
     pkcs11_pin_file: Path | None = None
     pkcs11_relayer_keys: Annotated[list[str], NoDecode] = Field(default_factory=list)
     pkcs11_sessions: int = Field(default=4, ge=1, le=64)
+    # The billing contract owner's key in the token (with `signer = "pkcs11"`; `owner_key_file` with pem).
+    pkcs11_owner_key: str | None = None
     relayer_min_balance_atto: int = Field(default=50_000_000_000_000_000, ge=0)  # 0.05 EGLD
     relayer_refresh_ms: int = Field(default=5_000, ge=100)
     latency_rollup_ms: int = Field(default=5_000, ge=50, description="the latency rollup worker's period")
@@ -239,7 +243,8 @@ class Settings(BaseSettings):
     email_link_ttl_ms: int = Field(default=86_400_000, ge=1_000, le=604_800_000)
 
     # Billing contract mirror and settlement (gasless.mirror, gasless.settlement). `owner_key_file` is the
-    # contract owner's PEM: without it this host never submits settleUsage batches (the mirror still runs).
+    # contract owner's PEM (the pem signer's; `pkcs11_owner_key` with pkcs11): without the owner key this
+    # host never submits settleUsage batches (the mirror still runs).
     mirror_poll_ms: int = Field(default=300, ge=20, le=60_000)
     mirror_start_hyperblock: int = Field(default=0, ge=0)  # where a fresh mirror starts (the deployment)
     owner_key_file: Path | None = None
@@ -334,8 +339,13 @@ class Settings(BaseSettings):
         """A pkcs11 signer's settings, checked before anything starts (the token itself is opened by the
         host: docs/keys.md)."""
         if self.signer != "pkcs11":
+            if self.pkcs11_owner_key is not None:
+                raise ValueError(
+                    "GASLESS_PKCS11_OWNER_KEY is for GASLESS_SIGNER=pkcs11 (the owner key in the token): "
+                    "with the pem signer the owner key is GASLESS_OWNER_KEY_FILE"
+                )
             return self
-        from gasless.signer.pkcs11 import KeyRef
+        from gasless.signer.pkcs11_keys import KeyRef
 
         problems = []
         if self.pkcs11_module is None:
@@ -361,6 +371,26 @@ class Settings(BaseSettings):
             problems.append(
                 "GASLESS_RELAYER_KEY_FILES is for the pem signer: with GASLESS_SIGNER=pkcs11 the relayer keys "
                 "are the token's (GASLESS_PKCS11_RELAYER_KEYS)"
+            )
+        if self.pkcs11_owner_key is not None:
+            try:
+                owner = KeyRef.parse(self.pkcs11_owner_key)
+            except ValueError as exc:
+                problems.append(f"GASLESS_PKCS11_OWNER_KEY (the contract owner's key): {exc}")
+            else:
+                relayers = set()
+                for ref in self.pkcs11_relayer_keys:
+                    with contextlib.suppress(ValueError):  # reported above
+                        relayers.add(KeyRef.parse(ref))
+                if owner in relayers:
+                    problems.append(
+                        f"GASLESS_PKCS11_OWNER_KEY {owner} is also a relayer key: the contract owner's key "
+                        "must be a key of its own"
+                    )
+        if self.owner_key_file is not None:
+            problems.append(
+                "GASLESS_OWNER_KEY_FILE is for the pem signer: with GASLESS_SIGNER=pkcs11 the owner key is "
+                "the token's (GASLESS_PKCS11_OWNER_KEY; gasless keys import-pkcs11 moves the PEM's key in)"
             )
         if problems:
             raise ValueError(f"GASLESS_SIGNER=pkcs11: {'; '.join(problems)}")
@@ -445,7 +475,17 @@ class Settings(BaseSettings):
                 )
             )
         owner = "the billing contract owner's wallet PEM file, which submits the settlement batches"
-        if self.owner_key_file is None:
+        if self.signer == "pkcs11":
+            # Its form was checked with the other pkcs11 settings; the token is opened by the host.
+            if self.pkcs11_owner_key is None:
+                missing.append(
+                    (
+                        "GASLESS_PKCS11_OWNER_KEY",
+                        "the billing contract owner's key in the PKCS#11 token (label:NAME or id:HEX), which "
+                        "signs the settlement batches",
+                    )
+                )
+        elif self.owner_key_file is None:
             missing.append(("GASLESS_OWNER_KEY_FILE", owner))
         else:
             _, problem = _wallet_pubkey(self.owner_key_file)

@@ -53,11 +53,12 @@ from gasless.relay.repository import IntentRepository
 from gasless.relay.restored import QUIET_ROUNDS, RestoreReconciler
 from gasless.relay.service import RelayConfig, RelayService
 from gasless.settings import Settings
-from gasless.settlement.owner_tx import OwnerTransactor, load_owner_key
+from gasless.settlement.owner_tx import OwnerTransactor
 from gasless.settlement.repository import SettlementRepository
+from gasless.settlement.restored import SettlementReconciler
 from gasless.settlement.service import ProofService
 from gasless.settlement.worker import SETTLEMENT_ROLE, SettlementWorker
-from gasless.signer import FencedSigner, Signer, open_signer
+from gasless.signer import FencedSigner, OwnerKeyRefused, Signer, open_owner_signer, open_signer
 from gasless.status.account import AccountStatusService
 from gasless.status.jobs import FEED_ROLE, FeedPublisher
 from gasless.status.probe import PROBE_ROLE, Prober
@@ -120,6 +121,13 @@ async def start_relay_core(
     )
     state.signer = signer  # from here the host's stop closes it (a token's sessions)
     await signer.start()
+    if settings.network.contract_address is not None:
+        try:  # the settlement worker's key, held as the relayer keys are (docs/keys.md)
+            state.owner_signer = await open_owner_signer(
+                settings, lambda why: setattr(state, "startup_error", why)
+            )
+        except OwnerKeyRefused:
+            return  # never ready, /readyz says why
     mirror = ContractMirror(gateway, settings.network.contract_address, pair=settings.network.pair_address)
     relayers = RelayerPool(
         state.engine,
@@ -394,14 +402,15 @@ async def verify_chain(state: HostState, gateway: GatewayClient, network: Networ
 async def reconcile_restored(
     state: HostState, settings: Settings, gateway: GatewayClient, network: NetworkView, signer: Signer
 ) -> None:
-    """A restored database's first start: reconciled with the chain before this host may sign
-    (gasless.relay.restored); one read on any other database."""
+    """A restored database's first start: reconciled with the chain (its relays and its settlement batches)
+    before this host may sign or settle (gasless.relay.restored); one read on any other database."""
     assert state.engine is not None
     quiet_ms = max(settings.signer_fence_ttl_ms, QUIET_ROUNDS * network.params.round_duration_ms)
 
     def report(why: str) -> None:
         state.startup_error = why
 
+    contract = settings.network.contract_address
     reconciler = RestoreReconciler(
         state.engine,
         gateway,
@@ -410,6 +419,7 @@ async def reconcile_restored(
         host_id=settings.instance_id,
         quiet_ms=quiet_ms,
         report=report,
+        settlement=SettlementReconciler(state.engine, gateway, contract) if contract else None,
     )
     while True:
         try:
@@ -451,10 +461,8 @@ def add_billing_workers(
     state.mirror_follower = follower
     settlements = SettlementRepository(state.engine)
     worker: SettlementWorker | None = None
-    if settings.owner_key_file is not None:
-        owner = OwnerTransactor(
-            gateway, load_owner_key(settings.owner_key_file), contract, settings.network.chain_id
-        )
+    if state.owner_signer is not None:
+        owner = OwnerTransactor(gateway, state.owner_signer, contract, settings.network.chain_id)
         worker = SettlementWorker(
             settlements,
             gateway,
@@ -493,6 +501,9 @@ async def stop_relay_core(state: HostState) -> None:
         if part is not None:
             with contextlib.suppress(Exception):
                 await part.stop()
+    if state.owner_signer is not None:  # after the settlement worker (a singleton) stopped
+        with contextlib.suppress(Exception):
+            await state.owner_signer.aclose()
     if state.broadcaster is not None:
         await state.broadcaster.drain(2.0)
     if state.gateway is not None:

@@ -20,6 +20,7 @@ from gasless.localnet.processing import ESDT_TRANSFER_GAS
 
 DAY_MS = 86_400_000
 MONTH_MS = 2_592_000_000
+USDC = 1_000_000  # micro-USDC in one USDC
 
 
 def addr(sender: Any) -> Any:
@@ -92,6 +93,22 @@ def relay_data(
     if response.status_code in (200, 202):
         sender.nonce += 1
     return response
+
+
+def relay_transfer(env: Any, sender: Any) -> Any:
+    """A plain transfer relayed for `sender` on a fresh assignment; bumps its nonce when accepted."""
+    assignment = env.assign(sender)
+    response = env.relay(env.build(sender, assignment), assignment["lease"])
+    if response.status_code in (200, 202):
+        sender.nonce += 1
+    return response
+
+
+def wait_final(env: Any, response: Any) -> None:
+    """The relay was accepted, and is FINALIZED (an EXECUTED intent is still in flight: it holds the sender's
+    one free slot)."""
+    assert response.status_code in (200, 202), response.text
+    env.wait_state(response.json()["id"], ("FINALIZED",))
 
 
 def simulated_gas(env: Any, tx: Any) -> int:

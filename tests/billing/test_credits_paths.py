@@ -8,24 +8,17 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from billing_paths_kit import contract_data, faucet, relay_contract_call, relay_data
+from billing_paths_kit import (
+    USDC,
+    contract_data,
+    faucet,
+    relay_contract_call,
+    relay_data,
+    relay_transfer,
+    wait_final,
+)
 
 from gasless.localnet.contracts.seed import SEED_RU_PRICE_MICRO
-
-USDC = 1_000_000
-
-
-def _final(env: Any, response: Any) -> None:
-    assert response.status_code in (200, 202), response.text
-    env.wait_state(response.json()["id"], ("FINALIZED",))
-
-
-def _transfer(env: Any, sender: Any) -> Any:
-    assignment = env.assign(sender)
-    response = env.relay(env.build(sender, assignment), assignment["lease"])
-    if response.status_code in (200, 202):
-        sender.nonce += 1
-    return response
 
 
 def _transfer_until(env: Any, sender: Any, done: Any, timeout: float = 10.0) -> Any:
@@ -33,7 +26,7 @@ def _transfer_until(env: Any, sender: Any, done: Any, timeout: float = 10.0) -> 
     to its ~1 s cache, and a sender is assigned about once a second."""
     deadline = time.monotonic() + timeout
     while True:
-        answer = _transfer(env, sender)
+        answer = relay_transfer(env, sender)
         if done(answer) or time.monotonic() > deadline:
             return answer
         time.sleep(1.1)
@@ -51,7 +44,7 @@ def test_credits_relay_only_through_the_escrow_and_every_refusal_says_how(env: A
     account = env.new_sender(plan=False)
     faucet(env, account.address, usdc_micro=20 * USDC)
     token = env.localnet.net.info["paymentToken"].encode()
-    _final(env, relay_data(env, account, contract_data("ESDTTransfer", token, 10 * USDC, b"deposit")))
+    wait_final(env, relay_data(env, account, contract_data("ESDTTransfer", token, 10 * USDC, b"deposit")))
 
     # Credits and nothing else: 402 NO_ENTITLEMENT (NO_PLAN), with the holdings and the command.
     refused = _transfer_until(env, account, lambda a: _reason(a) == "NO_PLAN")
@@ -74,15 +67,15 @@ def test_credits_relay_only_through_the_escrow_and_every_refusal_says_how(env: A
     _no_command_words(body["detail"])
 
     # Auto top-up: pay-as-you-go draws on the credits, nothing moved to escrow first.
-    _final(env, relay_contract_call(env, account, "setPayg", 1, 0, 1, 0))
+    wait_final(env, relay_contract_call(env, account, "setPayg", 1, 0, 1, 0))
     paid = _transfer_until(env, account, lambda a: a.status_code in (200, 202))
     assert paid.status_code in (200, 202), paid.text
     assert paid.json()["billing"]["billingClass"] == "payg", paid.text
-    _final(env, paid)
+    wait_final(env, paid)
 
     # A budget below the price (1 micro-USDC moved to escrow, no auto top-up): refused at the commit
     # point, with what is left to spend, the holdings, and the command that moves the credits.
-    _final(env, relay_contract_call(env, account, "setPayg", 1, 1, 0, 0))
+    wait_final(env, relay_contract_call(env, account, "setPayg", 1, 1, 0, 0))
     short = _transfer_until(env, account, lambda a: _reason(a) == "PAYG_ESCROW")
     body = problem(short, "QUOTA_EXHAUSTED")
     details = body["details"]
@@ -101,7 +94,7 @@ def test_credits_relay_only_through_the_escrow_and_every_refusal_says_how(env: A
 
 def test_an_address_with_nothing_is_told_the_one_command(env: Any, problem: Any) -> None:
     nobody = env.new_sender(plan=False)
-    refused = _transfer(env, nobody)
+    refused = relay_transfer(env, nobody)
     body = problem(refused, "NO_ENTITLEMENT")
     command = "gasless x402 topup --pem <wallet.pem> --amount 1 --to-escrow"
     assert body["details"] == {

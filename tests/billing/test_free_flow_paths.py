@@ -12,6 +12,7 @@ import pytest
 from billing_paths_kit import (
     DAY_MS,
     MONTH_MS,
+    USDC,
     call_gas,
     check_relay_problem,
     contract_data,
@@ -20,13 +21,12 @@ from billing_paths_kit import (
     relay_contract_call,
     relay_data,
     reservation_rows,
+    wait_final,
     wait_ledger,
 )
 
 from gasless.billing.schedule import ru_for_gas_limit
 from gasless.localnet.contracts.seed import SEED_FREE_OPERATIONS
-
-USDC = 1_000_000
 
 
 def _free(env: Any, sender: Any) -> Any:
@@ -38,11 +38,6 @@ def _free_for_stranger(env: Any, stranger: Any, beneficiary: Any) -> Any:
     """A free call an address without an account can make: depositFor(beneficiary) paying 1 USDC."""
     data = deposit_for_data(env, beneficiary, 1 * USDC)
     return relay_data(env, stranger, data)
-
-
-def _final(env: Any, response: Any) -> None:
-    """Until FINALIZED: an EXECUTED intent is still in flight (it holds the sender's one free slot)."""
-    env.wait_state(response.json()["id"], ("FINALIZED",))
 
 
 def test_free_operation_relays_free_and_one_in_flight_per_sender(env: Any) -> None:
@@ -65,11 +60,11 @@ def test_free_operation_relays_free_and_one_in_flight_per_sender(env: Any) -> No
         assert body["details"]["txHash"] == first.json()["txHash"]
     finally:
         env.faults(chain={"stalledShards": []})
-    _final(env, first)
+    wait_final(env, first)
     again = _free(env, account)  # no longer busy
     assert again.status_code in (200, 202), again.text
     assert again.json()["billing"]["free"] is True
-    _final(env, again)
+    wait_final(env, again)
     rows = wait_ledger(env, [first.json()["txHash"], again.json()["txHash"]])
     for row in rows.values():
         assert row.status == "success" and row.function == "setAutoRenew" and row.account == account.address
@@ -93,7 +88,7 @@ def test_free_flow_limit_bills_an_account_and_bars_a_stranger(
         response = _free(env, account)
         assert response.status_code in (200, 202), response.text
         assert response.json()["billing"]["free"] is True
-        _final(env, response)
+        wait_final(env, response)
     billed = _free(env, account)  # past the limit: billed as a normal relay on the account's plan
     assert billed.status_code in (200, 202), billed.text
     assert billed.json()["billing"] == {
@@ -103,7 +98,7 @@ def test_free_flow_limit_bills_an_account_and_bars_a_stranger(
         "ru": ru_for_gas_limit(call_gas(env, "setAutoRenew", contract_data("setAutoRenew", 1))),
         "free": False,
     }
-    _final(env, billed)
+    wait_final(env, billed)
     row = wait_ledger(env, [billed.json()["txHash"]])[billed.json()["txHash"]]
     assert (
         row.billed
@@ -120,7 +115,7 @@ def test_free_flow_limit_bills_an_account_and_bars_a_stranger(
         response = _free_for_stranger(env, stranger, account)
         assert response.status_code in (200, 202), response.text
         assert response.json()["billing"]["free"] is True
-        _final(env, response)
+        wait_final(env, response)
 
     # An account that cannot be billed (credits but no plan, pay-as-you-go off) is barred past its free
     # flag calls until the oldest one leaves the window.
@@ -129,13 +124,13 @@ def test_free_flow_limit_bills_an_account_and_bars_a_stranger(
     token = env.localnet.net.info["paymentToken"].encode()
     created = relay_data(env, holder, contract_data("ESDTTransfer", token, 2 * USDC, b"deposit"))
     assert created.status_code in (200, 202), created.text
-    _final(env, created)
+    wait_final(env, created)
     # (no wait for the mirror: a flag call right after the account's creation is recognised)
     for _ in range(2):
         response = _free(env, holder)
         assert response.status_code in (200, 202), response.text
         assert response.json()["billing"]["free"] is True
-        _final(env, response)
+        wait_final(env, response)
     barred = _free(env, holder)
     oldest = min(
         r.created_at_ms

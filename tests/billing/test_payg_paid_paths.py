@@ -9,30 +9,18 @@ import time
 from typing import Any
 
 from billing_paths_kit import (
+    USDC,
     contract_data,
     faucet,
     relay_contract_call,
     relay_data,
+    relay_transfer,
     reservation_rows,
+    wait_final,
     wait_ledger,
 )
 
 from gasless.localnet.contracts.seed import SEED_RU_PRICE_MICRO
-
-USDC = 1_000_000
-
-
-def _final(env: Any, response: Any) -> None:
-    assert response.status_code in (200, 202), response.text
-    env.wait_state(response.json()["id"], ("FINALIZED",))
-
-
-def _transfer(env: Any, sender: Any) -> Any:
-    assignment = env.assign(sender)
-    response = env.relay(env.build(sender, assignment), assignment["lease"])
-    if response.status_code in (200, 202):
-        sender.nonce += 1
-    return response
 
 
 def test_payg_relay_is_billed_from_escrow(env: Any, auth: Any) -> None:
@@ -41,14 +29,14 @@ def test_payg_relay_is_billed_from_escrow(env: Any, auth: Any) -> None:
     token = env.localnet.net.info["paymentToken"].encode()
     deposit = relay_data(env, account, contract_data("ESDTTransfer", token, 10 * USDC, b"deposit"))
     assert deposit.json()["billing"]["billingClass"] == "free", deposit.text
-    _final(env, deposit)
+    wait_final(env, deposit)
     payg = relay_contract_call(env, account, "setPayg", 1, 5 * USDC, 0, 0)
     assert payg.json()["billing"]["free"] is True, payg.text
-    _final(env, payg)
+    wait_final(env, payg)
 
     deadline = time.monotonic() + 10
     while True:  # the contract mirror caches the account's view for ~1 s
-        paid = _transfer(env, account)
+        paid = relay_transfer(env, account)
         if paid.status_code in (200, 202) or time.monotonic() > deadline:
             break
         assert paid.json()["code"] == "NO_ENTITLEMENT", paid.text
@@ -62,7 +50,7 @@ def test_payg_relay_is_billed_from_escrow(env: Any, auth: Any) -> None:
         "free": False,
     }
     tx_hash = paid.json()["txHash"]
-    _final(env, paid)
+    wait_final(env, paid)
     row = wait_ledger(env, [tx_hash])[tx_hash]
     assert row.billed and row.status == "success" and row.billing_class == "payg"
     assert row.ru == 1 and row.payg_micro == SEED_RU_PRICE_MICRO and row.period_id is None

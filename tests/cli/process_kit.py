@@ -39,6 +39,48 @@ def free_ports(count: int) -> list[int]:
     return sorted(ports)
 
 
+def port_pair() -> int:
+    """A port p with p and p + 1 both free (`gasless up --hosts 2` takes both, for its API and its metrics)."""
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise AssertionError("no two consecutive free ports")
+
+
+def wait_until(
+    check: Callable[[], T],
+    what: str,
+    timeout: float = 30.0,
+    *,
+    proc: subprocess.Popen[Any] | None = None,
+    log: Path | None = None,
+    interval: float = 0.05,
+    errors: tuple[type[Exception], ...] = (requests.RequestException,),
+) -> T:
+    """Poll `check` until it is truthy; a request that fails (or any of `errors`) counts as not yet. Fails at
+    once when `proc` has ended first, with the end of `log` where given."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except errors as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        if proc is not None and proc.poll() is not None:
+            tail = f"\n{log.read_text(errors='replace')[-3000:]}" if log is not None else ""
+            raise AssertionError(f"{what}: the process exited ({proc.returncode}); last: {last!r}{tail}")
+        time.sleep(interval)
+    raise AssertionError(f"{what}: not within {timeout} s (last: {last!r})")
+
+
 def listening(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(1)

@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 from multiversx_sdk import Transaction, TransactionComputer, UserSecretKey
-from process_kit import free_port, reap  # type: ignore[import-not-found]
-from relay_kit import MASTER_SECRET, key_in_shard  # type: ignore[import-not-found]
+from process_kit import free_port, wait_until  # type: ignore[import-not-found]
+from relay_kit import key_in_shard  # type: ignore[import-not-found]
+from serve_kit import Host, serve_env, start_host, stop  # type: ignore[import-not-found]
 from sqlalchemy import text
 
 from gasless.chain.addresses import address_of, parse_address
@@ -170,82 +170,29 @@ def release() -> Release:
     return built
 
 
-@dataclass
-class Host:
-    name: str
-    base: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def get(self, path: str) -> requests.Response:
-        return requests.get(f"{self.base}{path}", timeout=10)
-
-    def post(self, path: str, body: Any) -> requests.Response:
-        return requests.post(f"{self.base}{path}", json=body, timeout=10)
-
-
-def wait_until(check: Any, what: str, timeout: float = 60.0, host: Host | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except requests.RequestException as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        if host is not None and host.proc.poll() is not None:
-            raise AssertionError(
-                f"host {host.name} exited ({host.proc.returncode}):\n{host.log.read_text()[-3000:]}"
-            )
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout} s (last: {last!r})")
-
-
 @contextlib.contextmanager
 def serving(
     python: Path, name: str, localnet: Any, database_url: str, redis_url: str, tmp: Path, label: str = ""
 ) -> Iterator[Host]:
     """`gasless serve` of the release installed for `python`, as host `name`, until ready; stopped after."""
     port = free_port()
-    info = localnet.net.info
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("GASLESS_", "PYTHON"))}
-    env.update(
-        {
-            "GASLESS_PROFILE": "localnet",
-            "GASLESS_HOST_ID": name,
-            "GASLESS_MASTER_SECRET": MASTER_SECRET,
-            "GASLESS_GATEWAY_URLS": json.dumps(localnet.urls),
-            "GASLESS_DATABASE_URL": database_url,
-            "GASLESS_REDIS_URL": redis_url,
-            "GASLESS_DATA_DIR": str(tmp / f"data-{label or name}"),
-            "GASLESS_CONTRACT_ADDRESS": info["contract"],
-            "GASLESS_PAIR_ADDRESS": info["pair"],
-            "GASLESS_WRAPPER_ADDRESS": info["wrapper"],
-            "GASLESS_RELAYER_KEY_FILES": json.dumps([str(w.path) for w in localnet.net.genesis.relayers]),
-            "GASLESS_API_BASE_URL": f"http://127.0.0.1:{port}",
-            "GASLESS_METRICS_PORT": "0",
-            "GASLESS_SIGNER_FENCE_TTL_MS": "1000",
-            "GASLESS_RELAYER_REFRESH_MS": "500",
-        }
+    # Nothing of this checkout's environment (its settings, a PYTHONPATH to its sources) reaches the host.
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("GASLESS_", "PYTHON"))}
+    env = serve_env(
+        localnet.net.info,
+        localnet.urls,
+        host_id=name,
+        port=port,
+        data_dir=tmp / f"data-{label or name}",
+        database_url=database_url,
+        redis_url=redis_url,
+        base=base,
     )
-    log = tmp / f"host-{label or name}.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [str(python), "-m", "gasless.cli", "serve", "--port", str(port)],
-            env=env, cwd=tmp, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True,
-        )  # fmt: skip
-    host = Host(name, f"http://127.0.0.1:{port}", proc, log)
+    host = start_host(env, name, port, tmp / f"host-{label or name}.log", python=python, cwd=tmp, timeout=60)
     try:
-        wait_until(lambda: host.get("/readyz").status_code == 200, f"host {name} ready", host=host)
         yield host
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(30)
-        reap(proc)
+        stop(host.proc)
 
 
 @dataclass
@@ -268,7 +215,7 @@ def relay(host: Host, sender: Sender) -> str:
             "/v1/relay/assign",
             {"sender": sender.address, "proof": {"kind": "key", "serverTimeMs": now, "signature": signature}},
         )
-        assert answer.status_code == 200, f"assign on {host.name}: {answer.text}"
+        assert answer.status_code == 200, f"assign on {host.host_id}: {answer.text}"
         sender.lease = answer.json()
     tx = Transaction(
         sender=address_of(sender.key.generate_public_key().buffer),
@@ -282,7 +229,7 @@ def relay(host: Host, sender: Sender) -> str:
     tx.signature = sender.key.sign(_computer.compute_bytes_for_signing(tx))
     answer = host.post("/v1/relay", {"tx": tx.to_dictionary(), "lease": sender.lease["lease"]})
     assert answer.status_code in (200, 202), (
-        f"relay on {host.name} ({sender.address}:{sender.nonce}): {answer.text}"
+        f"relay on {host.host_id} ({sender.address}:{sender.nonce}): {answer.text}"
     )
     sender.nonce += 1
     return str(answer.json()["txHash"])
@@ -311,7 +258,11 @@ def settled_on(hosts: list[Host], hashes: list[str], states: tuple[str, ...] = (
 
         try:
             wait_until(
-                settled, f"{len(hashes)} relays {'/'.join(states)} as host {host.name} reads them", host=host
+                settled,
+                f"{len(hashes)} relays {'/'.join(states)} as host {host.host_id} reads them",
+                60,
+                proc=host.proc,
+                log=host.log_path,
             )
         except AssertionError as exc:
             raise AssertionError(f"{exc}; not there: {[(h, seen.get(h)) for h in sorted(left)]}") from None
@@ -369,7 +320,7 @@ def test_the_previous_release_keeps_serving_next_to_this_one_across_the_newest_m
         settled_on([previous, b], hashes, ("EXECUTED", "FINALIZED"))
         for host in (previous, b):
             ready = host.get("/readyz")
-            assert ready.status_code == 200, f"{host.name}: {ready.text}"
+            assert ready.status_code == 200, f"{host.host_id}: {ready.text}"
         # The rolling step: a stops (b adopts its intents in flight) and comes back on this release.
         previous.proc.send_signal(signal.SIGTERM)
         assert previous.proc.wait(30) in (0, 143)

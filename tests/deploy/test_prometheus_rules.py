@@ -11,7 +11,6 @@ import json
 import re
 import shutil
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from process_kit import free_port, piped_env, reap, run  # type: ignore[import-not-found]
+from process_kit import free_port, piped_env, port_pair, reap, run, wait_until  # type: ignore[import-not-found]
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES_DIR = ROOT / "deploy" / "prometheus"
@@ -80,36 +79,10 @@ def test_every_alert_has_a_runbook_in_the_operations_guide() -> None:
 
 
 # A real Prometheus server --------------------------------------------------------------------------------
-def port_pair() -> int:
-    """A port p with p and p + 1 both free (`gasless up --hosts 2` takes both)."""
-    import socket
-
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no two consecutive free ports")
-
-
-def wait_until(check: Any, what: str, timeout: float, proc: subprocess.Popen[Any] | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{what}: the process exited ({proc.returncode})")
-        try:
-            last = check()
-        except (requests.RequestException, ValueError, KeyError) as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.25)
-    raise AssertionError(f"{what}: not within {timeout} s (last: {last!r})")
+def wait_for(check: Any, what: str, timeout: float, proc: subprocess.Popen[Any] | None = None) -> Any:
+    """`wait_until` polling every 0.25 s; an answer not yet in its shape (ValueError, KeyError) is not yet."""
+    errors = (requests.RequestException, ValueError, KeyError)
+    return wait_until(check, what, timeout, proc=proc, interval=0.25, errors=errors)
 
 
 def firing(prometheus: str, alertname: str) -> list[dict[str, Any]]:
@@ -181,17 +154,15 @@ def test_alerts_fire_in_a_real_prometheus_scraping_two_hosts(
         prom = f"http://127.0.0.1:{prometheus_port}"
         hosts = [f"http://127.0.0.1:{api}", f"http://127.0.0.1:{api + 1}"]
         for base in hosts:
-            wait_until(
-                lambda b=base: requests.get(f"{b}/readyz", timeout=2).status_code == 200, base, 120, up
-            )
-        wait_until(lambda: requests.get(f"{prom}/-/ready", timeout=2).ok, "prometheus ready", 60, prometheus)
+            wait_for(lambda b=base: requests.get(f"{b}/readyz", timeout=2).status_code == 200, base, 120, up)
+        wait_for(lambda: requests.get(f"{prom}/-/ready", timeout=2).ok, "prometheus ready", 60, prometheus)
 
         def targets_up() -> bool:
             answer = requests.get(f"{prom}/api/v1/targets", timeout=5).json()
             active = answer["data"]["activeTargets"]
             return len(active) == 2 and all(t["health"] == "up" for t in active)
 
-        wait_until(targets_up, "both hosts scraped", 60, prometheus)
+        wait_for(targets_up, "both hosts scraped", 60, prometheus)
         assert firing(prom, "GaslessRelayerBelowFloor") == []
 
         # 1. A relayer drained under its floor.
@@ -210,7 +181,7 @@ def test_alerts_fire_in_a_real_prometheus_scraping_two_hosts(
                 not next(r for r in found if r["address"] == drained)["assignable"] for found in entries
             )
 
-        wait_until(unassignable_on_both, "both hosts seeing the relayer under its floor", 30)
+        wait_for(unassignable_on_both, "both hosts seeing the relayer under its floor", 30)
         # The operator's table shows it: whole addresses, its floor, no time left.
         table = run("admin", "relayers", "--api", hosts[1], env=env)
         assert table.returncode == 0, table.stdout + table.stderr
@@ -223,9 +194,9 @@ def test_alerts_fire_in_a_real_prometheus_scraping_two_hosts(
             f"{gateway}/localnet/faults", json={"gateway": {"down": True}}, timeout=5
         ).raise_for_status()
         deadline = 150  # the rules' `for: 1m`, with a margin for a loaded machine
-        below = wait_until(lambda: firing(prom, "GaslessRelayerBelowFloor"), "relayer alert firing", deadline)
+        below = wait_for(lambda: firing(prom, "GaslessRelayerBelowFloor"), "relayer alert firing", deadline)
         assert [(a["labels"]["relayer"], a["labels"]["severity"]) for a in below] == [(drained, "warning")]
-        silent = wait_until(
+        silent = wait_for(
             lambda: len(found := firing(prom, "GaslessGatewaysUnreachable")) == 2 and found,
             "gateway alert firing on both hosts",
             deadline,

@@ -16,11 +16,14 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import aiohttp
 from fastapi.testclient import TestClient
-from multiversx_sdk import Transaction, TransactionComputer, UserSecretKey
+from multiversx_sdk import Address, Transaction, TransactionComputer, UserSecretKey
 
 from gasless.app import create_app
+from gasless.chain.abi import load_billing_abi
 from gasless.chain.addresses import address_of, shard_of_pubkey
+from gasless.chain.calls import contract_call
 from gasless.limits.buckets import Rate, RouteLimitTable
 from gasless.localnet.owner import owner_call
 from gasless.relay.checks import presence_message
@@ -329,3 +332,42 @@ def commit_point_values(
         "send_attempts": 0,
         "updated_at_ms": cosigned_at_ms,
     }
+
+
+async def _user_call(env: RelayEnv, key: UserSecretKey, function: str, args: list[Any], usdc: int) -> str:
+    gateway = env.localnet.url
+    sender = address_of(key.generate_public_key().buffer)
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{gateway}/address/{sender.to_bech32()}/nonce") as resp:
+            nonce = (await resp.json())["data"]["nonce"]
+        tx = contract_call(
+            abi=load_billing_abi(),
+            chain_id=env.settings.network.chain_id,
+            sender=sender,
+            contract=Address.new_from_bech32(env.contract),
+            function=function,
+            arguments=args,
+            gas_limit=60_000_000,
+            nonce=nonce,
+            payment_token=env.settings.network.payment_token if usdc else None,
+            payment_amount=usdc,
+        )
+        tx.signature = key.sign(_computer.compute_bytes_for_signing(tx))
+        async with http.post(f"{gateway}/transaction/send", json=tx.to_dictionary()) as resp:
+            sent = await resp.json()
+        assert not sent.get("error"), sent
+        tx_hash: str = sent["data"]["txHash"]
+        for _ in range(400):
+            async with http.get(f"{gateway}/transaction/{tx_hash}/process-status") as resp:
+                status = (await resp.json())["data"]
+            if status["status"] in ("success", "fail"):
+                assert status["status"] == "success", f"{function}: {status}"
+                return tx_hash
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"{function} did not execute")
+
+
+def user_call(env: RelayEnv, key: UserSecretKey, function: str, args: list[Any], *, usdc: int = 0) -> str:
+    """A signed call from `key` to the billing contract (the user pays its own gas), sent straight to the
+    gateway and waited until it executed with success; its hash."""
+    return asyncio.run(_user_call(env, key, function, args, usdc))

@@ -12,13 +12,10 @@ The processes are shared by the module; the tests run in order (the last ones st
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
 import subprocess
-import sys
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,21 +23,17 @@ from typing import Any
 
 import pytest
 import requests
-from process_kit import reap  # type: ignore[import-not-found]
+from process_kit import free_port, port_pair, reap, wait_until  # type: ignore[import-not-found]
+from serve_kit import Host, fresh_database, servers, spawn_serve, stop  # type: ignore[import-not-found]
 from test_two_hosts import (  # type: ignore[import-not-found]
     ROLES,
     Cluster,
-    Host,
-    _pg,
     assign,
-    free_port,
+    cluster_env,
     new_sender,
-    port_pair,
-    serve_env,
     signed,
     start_cluster,
     wait_state,
-    wait_until,
 )
 
 from gasless.settings import MAX_WORKERS
@@ -103,63 +96,40 @@ def relay_once(cluster: Cluster, host: Host) -> requests.Response:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkersHost]:
-    server_url = os.environ.get("GASLESS_TEST_POSTGRES_URL")
-    redis_url = os.environ.get("GASLESS_TEST_REDIS_URL")
-    if not server_url or not redis_url:
-        pytest.skip("API workers suite skipped: needs GASLESS_TEST_POSTGRES_URL and GASLESS_TEST_REDIS_URL")
+    server_url, redis_url = servers("API workers suite")
     tmp = tmp_path_factory.mktemp("api-workers")
-    name = f"gasless_api_workers_{uuid.uuid4().hex[:10]}"
-    asyncio.run(_pg(server_url, f'CREATE DATABASE "{name}"'))
-    database_url = f"{server_url.rsplit('/', 1)[0]}/{name}"
     localnet: subprocess.Popen[bytes] | None = None
     parent: subprocess.Popen[bytes] | None = None
-    try:
-        localnet, cluster = start_cluster(tmp, database_url, redis_url)
-        port, metrics_port = free_port(), port_pair()
-        log_path = tmp / "workers.log"
-        env = {
-            **serve_env(
-                cluster,
-                host_id="a",
-                port=port,
-                metrics_port=metrics_port,
-                data_dir=tmp / "data",
-                database_url=database_url,
-                redis_url=redis_url,
-            ),
-            # Long enough that a restarted worker waits seconds for its predecessor's claim to lapse.
-            "GASLESS_SIGNER_FENCE_TTL_MS": "8000",
-        }
-        with log_path.open("wb") as log_file:
-            parent = subprocess.Popen(
-                [sys.executable, "-m", "gasless.cli", "serve", "--workers", "2", "--port", str(port)],
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=log_file,
-                start_new_session=True,
-            )
-        host = Host("a", f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}", log_path, parent)
-        workers = WorkersHost(cluster, host, metrics_port, parent, log_path, env)
-        # Both workers ready, each asked on its own metrics port (the API port is the kernel's choice).
-        for k in (0, 1):
-            wait_until(lambda k=k: "gasless_host_ready 1.0" in workers.scrape(k), f"worker {k} ready")
-        yield workers
-    finally:
-        if parent is not None:
-            if parent.poll() is None:
-                parent.send_signal(signal.SIGTERM)
-                try:
-                    parent.wait(60)
-                except subprocess.TimeoutExpired:
-                    pass
-            reap(parent)
-        if localnet is not None:
-            localnet.terminate()
-            try:
-                localnet.wait(15)
-            finally:
-                reap(localnet)
-        asyncio.run(_pg(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with fresh_database(server_url, "gasless_api_workers") as database_url:
+        try:
+            localnet, cluster = start_cluster(tmp, database_url, redis_url)
+            port, metrics_port = free_port(), port_pair()
+            log_path = tmp / "workers.log"
+            env = {
+                **cluster_env(
+                    cluster,
+                    host_id="a",
+                    port=port,
+                    metrics_port=metrics_port,
+                    data_dir=tmp / "data",
+                    database_url=database_url,
+                    redis_url=redis_url,
+                ),
+                # Long enough that a restarted worker waits seconds for its predecessor's claim to lapse.
+                "GASLESS_SIGNER_FENCE_TTL_MS": "8000",
+            }
+            parent = spawn_serve(env, port, log_path, args=("--workers", "2"))
+            host = Host("a", f"http://127.0.0.1:{port}", parent, log_path, f"http://127.0.0.1:{metrics_port}")
+            workers = WorkersHost(cluster, host, metrics_port, parent, log_path, env)
+            # Both workers ready, each asked on its own metrics port (the API port is the kernel's choice).
+            for k in (0, 1):
+                wait_until(lambda k=k: "gasless_host_ready 1.0" in workers.scrape(k), f"worker {k} ready")
+            yield workers
+        finally:
+            if parent is not None:
+                stop(parent, 60)
+            if localnet is not None:
+                stop(localnet, 15)
 
 
 def test_two_workers_serve_one_port_as_host_a_with_their_own_identities(served: WorkersHost) -> None:
@@ -266,14 +236,8 @@ def test_sigterm_stops_every_worker_cleanly(served: WorkersHost) -> None:
 def test_workers_stop_themselves_when_their_parent_is_killed(served: WorkersHost) -> None:
     """A parent killed with SIGKILL cannot forward anything: its workers see the pipe close and stop."""
     port = free_port()
-    with served.log_path.open("ab") as log_file:
-        parent = subprocess.Popen(
-            [sys.executable, "-m", "gasless.cli", "serve", "--workers", "2", "--port", str(port)],
-            env={**served.env, "GASLESS_API_BASE_URL": f"http://127.0.0.1:{port}"},
-            stdout=subprocess.DEVNULL,
-            stderr=log_file,
-            start_new_session=True,
-        )
+    env = {**served.env, "GASLESS_API_BASE_URL": f"http://127.0.0.1:{port}"}
+    parent = spawn_serve(env, port, served.log_path, args=("--workers", "2"), append=True)
     try:
         workers = WorkersHost(served.cluster, served.host, served.metrics_port, parent, served.log_path)
         wait_until(lambda: len(workers.workers()) == 2, "two workers started")

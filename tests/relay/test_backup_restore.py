@@ -17,12 +17,15 @@ a database that exists), and a host is started on the restored database. Checked
 - the database the backup was taken from is retired: a host started on it again never co-signs.
 
 Once on SQLite, once on PostgreSQL (pg_dump / pg_restore). And with the source left as it was and its host
-still relaying, the restored host stays unready, signing nothing, until that host stops.
+still relaying, the restored host stays unready, signing nothing, until that host stops. And with settlement
+running every second: the batches the old host settled after the backup are found on the contract by the
+restored host's first start, which settles no usage row a second time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shutil
@@ -36,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import process_kit  # type: ignore[import-not-found]
 import pytest
 import requests
 from multiversx_sdk import Transaction, TransactionComputer, UserSecretKey
@@ -47,11 +51,15 @@ from gasless.localnet.owner import owner_call
 from gasless.relay.checks import presence_message
 
 _computer = TransactionComputer()
+# process_kit's, waiting up to 60 s here (backups, restores, a first start's reconciliation, settlement).
+wait_until = functools.partial(process_kit.wait_until, timeout=60.0)
 SENDER_SHARDS = (0, 1, 2, 1)
 BEFORE, AFTER = 25, 25  # relays acknowledged before the backup starts / after it is taken, at least
 
 
-def host_env(localnet: Any, database_url: str, data_dir: Path, port: int) -> dict[str, str]:
+def host_env(
+    localnet: Any, database_url: str, data_dir: Path, port: int, extra: dict[str, str] | None = None
+) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GASLESS_") or k.endswith("_PORT")}
     info = localnet.net.info
     env.update(
@@ -69,6 +77,7 @@ def host_env(localnet: Any, database_url: str, data_dir: Path, port: int) -> dic
             "GASLESS_API_BASE_URL": f"http://127.0.0.1:{port}",
             "GASLESS_METRICS_PORT": "0",
             "GASLESS_SIGNER_FENCE_TTL_MS": "1000",
+            **(extra or {}),
         }
     )
     return env
@@ -93,32 +102,21 @@ class Host:
         reap(self.proc)
 
 
-def wait_until(
-    check: Any, what: str, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None
-) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except requests.RequestException as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"{what}: the process exited ({proc.returncode}); last: {last!r}")
-        time.sleep(0.05)
-    raise AssertionError(f"{what}: not within {timeout} s (last: {last!r})")
-
-
-def start_host(localnet: Any, database_url: str, tmp: Path, name: str, *, ready: bool = True) -> Host:
+def start_host(
+    localnet: Any,
+    database_url: str,
+    tmp: Path,
+    name: str,
+    *,
+    ready: bool = True,
+    extra: dict[str, str] | None = None,
+) -> Host:
     port = free_port()
     log = tmp / f"host-{name}.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gasless.cli", "serve", "--port", str(port)],
-            env=host_env(localnet, database_url, tmp / f"data-{name}", port),
+            env=host_env(localnet, database_url, tmp / f"data-{name}", port, extra),
             stdout=subprocess.DEVNULL,
             stderr=out,
             start_new_session=True,
@@ -126,7 +124,7 @@ def start_host(localnet: Any, database_url: str, tmp: Path, name: str, *, ready:
     host = Host(f"http://127.0.0.1:{port}", proc, log)
     try:
         wanted = "/readyz" if ready else "/healthz"
-        wait_until(lambda: host.get(wanted).status_code == 200, f"host {name} {wanted}", proc=proc)
+        wait_until(lambda: host.get(wanted).status_code == 200, f"host {name} {wanted}", proc=proc, log=log)
     except BaseException:
         host.stop()
         raise
@@ -278,7 +276,7 @@ def final_states(host: Host, hashes: list[str], timeout: float = 60.0) -> dict[s
         return len(found) == len(hashes)
 
     try:
-        wait_until(all_final, "every intent FINALIZED", timeout)
+        wait_until(all_final, "every intent FINALIZED", timeout=timeout)
     except AssertionError:
         missing = {h: host.get(f"/v1/relay/{h}").text[:300] for h in hashes if h not in found}
         raise AssertionError(
@@ -520,3 +518,165 @@ def test_a_restored_host_does_not_cosign_while_a_host_of_the_source_still_does(
     finally:
         if restored is not None:
             restored.stop()
+
+
+# Settlement across a restore -------------------------------------------------------------------------------
+def contract_settlements(localnet: Any) -> dict[int, dict[str, Any]]:
+    """The batches the billing contract holds (localnet's snapshot of its storage), by id."""
+    snapshot = requests.get(f"{localnet.url}/localnet/snapshot", timeout=10).json()["data"]
+    state = snapshot["accounts"][localnet.net.info["contract"]]["contract"]["state"]
+    return {int(batch["batch_id"]): batch for batch in state["settlements"]}
+
+
+def batch_rows(database_url: str) -> tuple[dict[int, dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(settlement_batches by id, the batched usage rows by tx hash) of a service database."""
+    from gasless.db import create_engine, settlement_batches, usage_ledger
+
+    async def read() -> tuple[dict[int, dict[str, Any]], dict[str, dict[str, Any]]]:
+        engine = create_engine(database_url)
+        try:
+            async with engine.connect() as conn:
+                batches = (await conn.execute(settlement_batches.select())).all()
+                rows = (
+                    await conn.execute(usage_ledger.select().where(usage_ledger.c.batch_id.is_not(None)))
+                ).all()
+        finally:
+            await engine.dispose()
+        return (
+            {int(b.batch_id): dict(b._mapping) for b in batches},
+            {str(r.tx_hash): dict(r._mapping) for r in rows},
+        )
+
+    return asyncio.run(read())
+
+
+def test_settlement_batches_landed_after_the_backup_are_never_settled_again(
+    tmp_path: Path, unpaused_localnet: Any, databases: tuple[str, str, list[str]]
+) -> None:
+    """Settlement running every second under a relay loop: the backup is taken, the old host settles at
+    least one more batch with usage rows, stops; the restore's first start reads those batches from the
+    contract before its settlement worker builds anything, marks what it can match and holds what it cannot.
+    On the contract, every usage row is settled once (the old host's batches and the restored host's are
+    disjoint, each batch's count and RU are its rows'), the numbering goes on after the old host's last
+    batch, and `gasless admin restore-report` says what was found."""
+    localnet = unpaused_localnet
+    old_url, new_url, target = databases
+    if old_url.startswith("sqlite"):
+        (tmp_path / "old").mkdir()
+    settling = {
+        "GASLESS_OWNER_KEY_FILE": str(localnet.net.genesis.owner.path),
+        "GASLESS_SETTLEMENT_INTERVAL_MS": "1000",
+    }
+    keys = [key_in_shard(shard) for shard in (0, 1, 2)]
+    for key in keys:
+        grant(localnet, key)
+    load = Load(keys)
+    host = start_host(localnet, old_url, tmp_path, "old", extra=settling)
+    try:
+        load.start(host.base)
+        wait_until(
+            lambda: (
+                load.count() >= 15 and any(b["row_count"] for b in contract_settlements(localnet).values())
+            ),
+            "relays settled before the backup",
+        )
+        manifest = last_json(
+            gasless("admin", "backup", "--to", str(tmp_path / "backup"), "--database-url", old_url)
+        )
+        last_at_backup = int(manifest["settlement"]["lastBatch"])
+        assert last_at_backup >= 1, manifest
+        # At least one batch with usage rows lands after the snapshot, settled by the old host.
+        wait_until(
+            lambda: (
+                any(b > last_at_backup and s["row_count"] for b, s in contract_settlements(localnet).items())
+                or load.errors
+            ),
+            "a batch with usage rows settled after the backup",
+        )
+        load.halt()
+        assert not load.errors, load.errors
+        acks = list(load.acks)
+        final_states(host, [ack.tx_hash for ack in acks])
+    finally:
+        load.halt()
+        host.stop()
+    # What the old host sent lands within a few rounds: the contract's batches once stable.
+    settled_before: dict[int, dict[str, Any]] = {}
+
+    def stable() -> bool:
+        nonlocal settled_before
+        now = contract_settlements(localnet)
+        same, settled_before = now == settled_before, now
+        time.sleep(0.5)
+        return same
+
+    wait_until(stable, "the old host's batches landed")
+    old_batches, old_rows = batch_rows(old_url)
+    beyond = sorted(b for b in settled_before if b > last_at_backup)
+    assert beyond, settled_before
+
+    marker = last_json(gasless("admin", "restore", "--from", str(tmp_path / "backup"), *target))
+    assert marker["lastBatchAtBackup"] == last_at_backup, marker
+    restored = start_host(localnet, new_url, tmp_path, "restored", extra=settling)
+    try:
+        load.start(restored.base)
+        wait_until(lambda: len(load.acks) >= len(acks) + 2 * len(keys) or load.errors, "relays after restore")
+        load.halt()
+        assert not load.errors, load.errors
+        fresh = [ack.tx_hash for ack in load.acks[len(acks) :]]
+        final_states(restored, fresh)
+
+        def fresh_settled() -> bool:
+            _, rows = batch_rows(new_url)
+            on_chain = contract_settlements(localnet)
+            return all(h in rows and int(rows[h]["batch_id"]) in on_chain for h in fresh)
+
+        wait_until(fresh_settled, "the restored host's relays settled on chain")
+        report = last_json(gasless("admin", "restore-report", "--database-url", new_url))
+    finally:
+        load.halt()
+        restored.stop()
+
+    # The report names every batch the old host settled after the backup, matched or held.
+    section = report["restore"]["settlement"]
+    assert section["lastBatchAtBackup"] == last_at_backup
+    assert [b["batchId"] for b in section["onChain"]] == beyond, section
+    assert sorted(section["matched"] + section["unmatched"]) == beyond, section
+    if section["unmatched"]:
+        assert section["hold"]["batches"] == section["unmatched"], section
+        assert report["held"] is not None
+    else:
+        assert section["hold"] is None and report["held"] == []
+    # The restored host numbered its batches after the old host's, and none was refused or failed.
+    new_batches, new_rows = batch_rows(new_url)
+    assert {b for b, batch in new_batches.items() if batch["state"] == "failed"} == set(), new_batches
+    restored_built = sorted(b for b in new_batches if b > max(beyond))
+    assert restored_built and restored_built[0] == max(beyond) + 1, (beyond, sorted(new_batches))
+    # Every usage row settled once: the old host's batches (as its database built them) and the restored
+    # host's (as the restored database built them) hold no row in common.
+    chain = contract_settlements(localnet)
+    settled_by: dict[str, list[int]] = {}
+    rows_of: dict[int, list[dict[str, Any]]] = {}
+    for tx_hash, row in old_rows.items():
+        if int(row["batch_id"]) in settled_before:
+            settled_by.setdefault(tx_hash, []).append(int(row["batch_id"]))
+            rows_of.setdefault(int(row["batch_id"]), []).append(row)
+    for tx_hash, row in new_rows.items():
+        if int(row["batch_id"]) > max(beyond):
+            settled_by.setdefault(tx_hash, []).append(int(row["batch_id"]))
+            rows_of.setdefault(int(row["batch_id"]), []).append(row)
+        elif int(row["batch_id"]) in section["matched"]:  # marked by the reconciliation: the old host's
+            assert settled_by.get(tx_hash) == [int(row["batch_id"])], (tx_hash, row["batch_id"])
+    assert {h: ids for h, ids in settled_by.items() if len(ids) > 1} == {}
+    assert not set(report_held := {row["tx_hash"] for row in report["held"]}) & {
+        h for h, row in new_rows.items() if int(row["batch_id"]) > max(beyond)
+    }, report_held
+    # Totals: each batch on chain counts exactly its rows, and its RU is theirs.
+    for batch_id, batch in chain.items():
+        if batch_id in old_batches and batch_id <= max(beyond) or batch_id in restored_built:
+            rows = rows_of.get(batch_id, [])
+            assert (batch["row_count"], batch["total_ru"]) == (
+                len(rows),
+                sum(int(r["ru"] or 0) for r in rows),
+            ), (batch_id, batch)
+    assert sum(b["row_count"] for b in chain.values() if b["batch_id"] in rows_of) == len(settled_by)

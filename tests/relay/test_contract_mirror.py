@@ -4,7 +4,6 @@ restart resumes the cursor without applying an event twice."""
 
 from __future__ import annotations
 
-import asyncio
 import csv
 import io
 import json
@@ -13,55 +12,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
-from multiversx_sdk import Address, TransactionComputer, UserSecretKey
-from relay_kit import RelayEnv, start_env
-
-from gasless.chain.abi import load_billing_abi
-from gasless.chain.addresses import address_of
-from gasless.chain.calls import contract_call
+from multiversx_sdk import Address
+from relay_kit import RelayEnv, start_env, user_call
 
 USDC = 1_000_000
 REF = bytes(range(32))
-_computer = TransactionComputer()
-
-
-async def _user_call(env: RelayEnv, key: UserSecretKey, function: str, args: list[Any], usdc: int) -> str:
-    gateway = env.localnet.url
-    sender = address_of(key.generate_public_key().buffer)
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"{gateway}/address/{sender.to_bech32()}/nonce") as resp:
-            nonce = (await resp.json())["data"]["nonce"]
-        tx = contract_call(
-            abi=load_billing_abi(),
-            chain_id=env.settings.network.chain_id,
-            sender=sender,
-            contract=Address.new_from_bech32(env.contract),
-            function=function,
-            arguments=args,
-            gas_limit=60_000_000,
-            nonce=nonce,
-            payment_token=env.settings.network.payment_token if usdc else None,
-            payment_amount=usdc,
-        )
-        tx.signature = key.sign(_computer.compute_bytes_for_signing(tx))
-        async with http.post(f"{gateway}/transaction/send", json=tx.to_dictionary()) as resp:
-            sent = await resp.json()
-        assert not sent.get("error"), sent
-        tx_hash: str = sent["data"]["txHash"]
-        for _ in range(400):
-            async with http.get(f"{gateway}/transaction/{tx_hash}/process-status") as resp:
-                status = (await resp.json())["data"]
-            if status["status"] in ("success", "fail"):
-                assert status["status"] == "success", f"{function}: {status}"
-                return tx_hash
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"{function} did not execute")
-
-
-def user_call(env: RelayEnv, key: UserSecretKey, function: str, args: list[Any], *, usdc: int = 0) -> str:
-    return asyncio.run(_user_call(env, key, function, args, usdc))
 
 
 def fund(env: RelayEnv, address: str, usdc: int) -> None:

@@ -116,7 +116,10 @@ def test_a_relayer_under_its_floor_is_not_assigned_and_relays_go_on_with_the_oth
 
 
 def test_a_relayer_near_its_floor_takes_only_what_its_balance_can_pay(env: RelayEnv, operator: Any) -> None:
+    # The host read every balance when it started, before this test: nothing was spent yet.
+    test_start = time.time()
     low, other = operator.relayers_in(env, 1)
+    initial = {low: chain_balance(env, low), other: chain_balance(env, other)}
     floor = env.settings.relayer_min_balance_atto
     senders = senders_of(env, low, 6)
     start = floor + 2 * FEE  # room for three relays: the third leaves it at its floor less one fee
@@ -125,9 +128,11 @@ def test_a_relayer_near_its_floor_takes_only_what_its_balance_can_pay(env: Relay
 
     used: list[str] = []
     hashes: list[str] = []
+    last_sent: dict[str, float] = {}  # before each relayer's last relay was sent: its last fee came after
     for sender in senders:  # back to back: the co-signed relays are still in flight when the next comes
         assignment = env.assign(sender)
         used.append(assignment["relayer"])
+        last_sent[assignment["relayer"]] = time.time()
         answer = env.relay(env.build(sender, assignment), assignment["lease"])
         assert answer.status_code in (200, 202), answer.text
         hashes.append(answer.json()["txHash"])
@@ -138,16 +143,34 @@ def test_a_relayer_near_its_floor_takes_only_what_its_balance_can_pay(env: Relay
     left = chain_balance(env, low)
     assert left == start - 3 * FEE and left >= floor - FEE > 0
 
+    assert chain_balance(env, other) == initial[other] - 3 * FEE  # the other paid its three fees, no more
+
+    def watched_s(relayer: str, spent: int, per_hour: float) -> float:
+        """The spend rate is the balance drops this host read over the time it has watched (its first reading,
+        at its start, to the reading that gave the rate), per hour: `spent` at `per_hour` is that time. It
+        began before this test and ended after the relayer's last fee (and by now), and it is under an hour."""
+        assert per_hour > 0, f"{relayer}: no spend rate"
+        seconds = spent * 3600 / per_hour
+        since_genesis = time.time() - env.localnet.net.info["genesisMs"] / 1000  # the host started after it
+        assert last_sent[relayer] - test_start <= seconds <= since_genesis + 0.01, (relayer, spent, per_hour)
+        return seconds
+
     entry = seen_at(env, low, left)
     assert entry["assignable"] is False and entry["inFlightAtto"] == "0" and entry["secondsToFloor"] == 0
-    # The spend rate comes from the balance drops this host read: 3 fees over the time it has watched.
-    spent = wait_for(lambda: int(funds(env, low)["spendAttoPerHour"] or 0), "a spend rate for the relayer")
-    assert spent >= 3 * FEE  # watched for less than an hour: the rate is above what was spent
+    # Every drop counts, the one set through the admin API (when it lowered the balance) and the 3 fees.
+    spent_low = max(0, initial[low] - start) + 3 * FEE
+    rate = wait_for(lambda: int(funds(env, low)["spendAttoPerHour"] or 0), "a spend rate for the relayer")
+    watched_s(low, spent_low, rate)
     busy = wait_for(
-        lambda: (e := funds(env, other))["spendAttoPerHour"] not in (None, "0") and e, "the other's rate"
+        lambda: (
+            (e := seen_at(env, other, initial[other] - 3 * FEE))["spendAttoPerHour"] not in (None, "0") and e
+        ),
+        "the other's rate",
     )
+    watched_s(other, 3 * FEE, int(busy["spendAttoPerHour"]))
     available = int(busy["balanceAtto"]) - int(busy["inFlightAtto"])
     expected = (available - floor) * 3600 // int(busy["spendAttoPerHour"])
     assert abs(busy["secondsToFloor"] - expected) <= 1 and busy["assignable"] is True
-    assert metric(env, "gasless_relayer_spend_egld_per_hour", other) is not None
+    # The metric is the same figure, in EGLD (read at a later refresh, perhaps: over a longer watch).
+    watched_s(other, 3 * FEE, (metric(env, "gasless_relayer_spend_egld_per_hour", other) or 0) * 10**18)
     assert (metric(env, "gasless_relayer_time_to_floor_seconds", other) or 0) > 0

@@ -9,11 +9,8 @@ the users of the retired one (docs/keys.md, "Relayer funds and rotation")."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -25,9 +22,10 @@ from typing import Any
 import pytest
 import requests
 from multiversx_sdk import Transaction, TransactionComputer, UserPEM, UserSecretKey
-from process_kit import run  # type: ignore[import-not-found]
-from relay_kit import MASTER_SECRET, key_in_shard  # type: ignore[import-not-found]
-from test_two_hosts import Cluster, _pg, _stop, free_port, start_cluster, wait_until
+from process_kit import free_port, run, wait_until  # type: ignore[import-not-found]
+from relay_kit import key_in_shard  # type: ignore[import-not-found]
+from serve_kit import fresh_database, serve_env, servers, spawn_serve, stop  # type: ignore[import-not-found]
+from test_two_hosts import Cluster, start_cluster  # type: ignore[import-not-found]
 
 from gasless.chain.addresses import address_of, parse_address
 from gasless.relay.checks import presence_message
@@ -58,47 +56,35 @@ class Deployment:
     nodes: dict[str, Node] = field(default_factory=dict)
 
     def env(self, node: Node) -> dict[str, str]:
-        info = self.cluster.info
-        env = {
-            **os.environ,
-            "GASLESS_PROFILE": "localnet",
-            "GASLESS_HOST_ID": node.host_id,
-            "GASLESS_MASTER_SECRET": MASTER_SECRET,
-            "GASLESS_GATEWAY_URLS": json.dumps([self.cluster.gateway]),
-            "GASLESS_DATABASE_URL": self.cluster.database_url,
-            "GASLESS_REDIS_URL": self.cluster.redis_url,
-            "GASLESS_REDIS_PREFIX": self.prefix,
-            "GASLESS_DATA_DIR": str(self.tmp / f"data-{node.host_id}"),
-            "GASLESS_CONTRACT_ADDRESS": info["contract"],
-            "GASLESS_PAIR_ADDRESS": info["pair"],
-            "GASLESS_WRAPPER_ADDRESS": info["wrapper"],
-            "GASLESS_RELAYER_KEY_FILES": json.dumps(node.keys),
-            "GASLESS_API_BASE_URL": node.base,
-            "GASLESS_APP_ORIGIN": "http://127.0.0.1:3000",
-            "GASLESS_METRICS_PORT": str(node.metrics_port),
-            "GASLESS_SIGNER_FENCE_TTL_MS": "2000",
-            "GASLESS_RELAYER_REFRESH_MS": "300",
-        }
-        env.pop("GASLESS_CONFIG", None)
-        return env
+        return serve_env(
+            self.cluster.info,
+            [self.cluster.gateway],
+            host_id=node.host_id,
+            port=node.port,
+            data_dir=self.tmp / f"data-{node.host_id}",
+            database_url=self.cluster.database_url,
+            redis_url=self.cluster.redis_url,
+            metrics_port=node.metrics_port,
+            fence_ttl_ms=2000,
+            GASLESS_REDIS_PREFIX=self.prefix,
+            GASLESS_RELAYER_KEY_FILES=json.dumps(node.keys),
+            GASLESS_APP_ORIGIN="http://127.0.0.1:3000",
+            GASLESS_RELAYER_REFRESH_MS="300",
+        )
 
     def start(self, node: Node) -> None:
-        log = (self.tmp / f"host-{node.host_id}.log").open("ab")
-        with log:
-            node.proc = subprocess.Popen(
-                [sys.executable, "-m", "gasless.cli", "serve", "--port", str(node.port)],
-                env=self.env(node),
-                stdout=subprocess.DEVNULL,
-                stderr=log,
-            )
+        node.proc = spawn_serve(self.env(node), node.port, self.tmp / f"host-{node.host_id}.log", append=True)
         wait_until(
-            lambda: requests.get(f"{node.base}/readyz", timeout=2).status_code == 200, node.host_id, 90
+            lambda: requests.get(f"{node.base}/readyz", timeout=2).status_code == 200,
+            node.host_id,
+            90,
+            proc=node.proc,
         )
 
     def restart(self, node: Node, keys: list[str]) -> None:
         """Stop the host cleanly (SIGTERM) and start it again on its ports with `keys`."""
         assert node.proc is not None
-        _stop(node.proc)
+        stop(node.proc, 15)
         node.keys = keys
         self.start(node)
 
@@ -121,41 +107,35 @@ class Deployment:
 
 @pytest.fixture
 def deployment(tmp_path: Path) -> Iterator[Deployment]:
-    server_url = os.environ.get("GASLESS_TEST_POSTGRES_URL")
-    redis_url = os.environ.get("GASLESS_TEST_REDIS_URL")
-    if not server_url or not redis_url:
-        pytest.skip("rotation test skipped: needs GASLESS_TEST_POSTGRES_URL and GASLESS_TEST_REDIS_URL")
-    name = f"gasless_rotation_{uuid.uuid4().hex[:10]}"
-    asyncio.run(_pg(server_url, f'CREATE DATABASE "{name}"'))
-    database_url = f"{server_url.rsplit('/', 1)[0]}/{name}"
+    server_url, redis_url = servers("rotation test")
     prefix = f"gasless-rotation-{uuid.uuid4().hex[:8]}"
     localnet: subprocess.Popen[bytes] | None = None
     deployment: Deployment | None = None
-    try:
-        localnet, cluster = start_cluster(tmp_path, database_url, redis_url)
-        deployment = Deployment(cluster, tmp_path, prefix)
-        keys = [entry["pem"] for entry in cluster.info["relayers"]]
-        for host_id in ("b", "a"):
-            node = Node(host_id, free_port(), free_port(), list(keys))
-            deployment.nodes[host_id] = node
-            deployment.start(node)
-        yield deployment
-    finally:
-        if deployment is not None:
-            for node in deployment.nodes.values():
-                if node.proc is not None:
-                    _stop(node.proc)
-        if localnet is not None:
-            _stop(localnet)
-        asyncio.run(_pg(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        import redis
-
-        client = redis.Redis.from_url(redis_url)
+    with fresh_database(server_url, "gasless_rotation") as database_url:
         try:
-            for key in client.scan_iter(match=f"{prefix}*"):
-                client.delete(key)
+            localnet, cluster = start_cluster(tmp_path, database_url, redis_url)
+            deployment = Deployment(cluster, tmp_path, prefix)
+            keys = [entry["pem"] for entry in cluster.info["relayers"]]
+            for host_id in ("b", "a"):
+                node = Node(host_id, free_port(), free_port(), list(keys))
+                deployment.nodes[host_id] = node
+                deployment.start(node)
+            yield deployment
         finally:
-            client.close()
+            if deployment is not None:
+                for node in deployment.nodes.values():
+                    if node.proc is not None:
+                        stop(node.proc, 15)
+            if localnet is not None:
+                stop(localnet, 15)
+            import redis
+
+            client = redis.Redis.from_url(redis_url)
+            try:
+                for key in client.scan_iter(match=f"{prefix}*"):
+                    client.delete(key)
+            finally:
+                client.close()
 
 
 # The client -----------------------------------------------------------------------------------------------

@@ -12,12 +12,10 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +24,9 @@ from typing import Any
 import pytest
 import requests
 from multiversx_sdk import Transaction, TransactionComputer, UserPEM, UserSecretKey
-from process_kit import reap  # type: ignore[import-not-found]
-from prometheus_client.parser import text_string_to_metric_families
+from process_kit import free_port, port_pair, reap, wait_until  # type: ignore[import-not-found]
 from relay_kit import MASTER_SECRET, key_in_shard  # type: ignore[import-not-found]
+from serve_kit import Host, fresh_database, serve_env, servers, start_host, stop  # type: ignore[import-not-found]
 
 from gasless.chain.addresses import address_of, parse_address
 from gasless.chain.codec import signing_bytes
@@ -49,61 +47,6 @@ ROLES = (
 )
 
 _computer = TransactionComputer()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(check: Any, what: str, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        try:
-            last = check()
-        except requests.RequestException as exc:
-            last = exc
-        else:
-            if last:
-                return last
-        time.sleep(0.1)
-    raise AssertionError(f"{what}: not reached (last: {last!r})")
-
-
-async def _pg(url: str, sql: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(url.replace("postgresql+asyncpg://", "postgresql://", 1))
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
-@dataclass
-class Host:
-    host_id: str
-    base: str
-    metrics: str
-    log_path: Path
-    proc: subprocess.Popen[bytes]
-
-    def get(self, path: str, **kwargs: Any) -> requests.Response:
-        return requests.get(f"{self.base}{path}", timeout=10, **kwargs)
-
-    def post(self, path: str, body: Any, **kwargs: Any) -> requests.Response:
-        return requests.post(f"{self.base}{path}", json=body, timeout=10, **kwargs)
-
-    def scrape(self) -> dict[str, Any]:
-        """{sample name: [(labels, value)]} from the admin port."""
-        text = requests.get(f"{self.metrics}/metrics", timeout=5).text
-        samples: dict[str, Any] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                samples.setdefault(sample.name, []).append((sample.labels, sample.value))
-        return samples
 
 
 @dataclass
@@ -138,7 +81,7 @@ class Cluster:
         raise AssertionError(f"{wanted} is not a localnet relayer")
 
 
-def serve_env(
+def cluster_env(
     cluster: Cluster,
     *,
     host_id: str,
@@ -150,28 +93,18 @@ def serve_env(
     gateway: str | None = None,
 ) -> dict[str, str]:
     """The environment of a `gasless serve` of this cluster (no config file of the test run leaks in)."""
-    info = cluster.info
-    env = {
-        **os.environ,
-        "GASLESS_PROFILE": "localnet",
-        "GASLESS_HOST_ID": host_id,
-        "GASLESS_MASTER_SECRET": MASTER_SECRET,
-        "GASLESS_GATEWAY_URLS": json.dumps([gateway or cluster.gateway]),
-        "GASLESS_DATABASE_URL": database_url,
-        "GASLESS_REDIS_URL": redis_url,
-        "GASLESS_DATA_DIR": str(data_dir),
-        "GASLESS_CONTRACT_ADDRESS": info["contract"],
-        "GASLESS_PAIR_ADDRESS": info["pair"],
-        "GASLESS_WRAPPER_ADDRESS": info["wrapper"],
-        "GASLESS_RELAYER_KEY_FILES": json.dumps([r["pem"] for r in info["relayers"]]),
-        "GASLESS_API_BASE_URL": f"http://127.0.0.1:{port}",
-        "GASLESS_APP_ORIGIN": "http://127.0.0.1:3000",
-        "GASLESS_METRICS_PORT": str(metrics_port),
-        "GASLESS_SIGNER_FENCE_TTL_MS": "2000",
-        "GASLESS_RELAYER_REFRESH_MS": "500",
-    }
-    env.pop("GASLESS_CONFIG", None)
-    return env
+    return serve_env(
+        cluster.info,
+        [gateway or cluster.gateway],
+        host_id=host_id,
+        port=port,
+        data_dir=data_dir,
+        database_url=database_url,
+        redis_url=redis_url,
+        metrics_port=metrics_port,
+        fence_ttl_ms=2000,
+        GASLESS_APP_ORIGIN="http://127.0.0.1:3000",
+    )
 
 
 def start_cluster(tmp: Path, database_url: str, redis_url: str) -> tuple[subprocess.Popen[bytes], Cluster]:
@@ -186,16 +119,19 @@ def start_cluster(tmp: Path, database_url: str, redis_url: str) -> tuple[subproc
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        start_new_session=True,
     )  # fmt: skip
     try:
         gateway = f"http://127.0.0.1:{gateway_port}"
         info = wait_until(
-            lambda: requests.get(f"{gateway}/localnet/info", timeout=2).json()["data"], "localnet"
+            lambda: requests.get(f"{gateway}/localnet/info", timeout=2).json()["data"],
+            "localnet",
+            proc=localnet,
         )
         owner = load_or_create_wallet(Path(info["ownerPem"]).parent, "owner")
         asyncio.run(unpause(gateway, owner, info["contract"]))
     except BaseException:
-        _stop(localnet)
+        stop(localnet, 15)
         raise
     cluster = Cluster(
         gateway,
@@ -222,9 +158,8 @@ def _spawn_host(
     """A `gasless serve` process, ready; with another `gateway` (one that does not answer) it stays starting
     and is returned as soon as it serves `/healthz`."""
     port, metrics_port = free_port(), free_port()
-    log_path = tmp / f"host-{name or host_id}.log"
     env = {
-        **serve_env(
+        **cluster_env(
             cluster,
             host_id=host_id,
             port=port,
@@ -236,55 +171,34 @@ def _spawn_host(
         ),
         "GASLESS_LOG_LEVEL": "DEBUG",
     }
-    with log_path.open("wb") as log_file:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gasless.cli", "serve", "--port", str(port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=log_file,
-        )
-    host = Host(host_id, f"http://127.0.0.1:{port}", f"http://127.0.0.1:{metrics_port}", log_path, proc)
-    if gateway is None:
-        wait_until(lambda: host.get("/readyz").status_code == 200, f"host {host_id} ready")
-    else:
-        wait_until(lambda: host.get("/healthz").status_code == 200, f"host {host_id} serving")
-    return host
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+    return start_host(
+        env,
+        host_id,
+        port,
+        tmp / f"host-{name or host_id}.log",
+        metrics=f"http://127.0.0.1:{metrics_port}",
+        until="/readyz" if gateway is None else "/healthz",
+    )
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    server_url = os.environ.get("GASLESS_TEST_POSTGRES_URL")
-    redis_url = os.environ.get("GASLESS_TEST_REDIS_URL")
-    if not server_url or not redis_url:
-        pytest.skip("two-host suite skipped: needs GASLESS_TEST_POSTGRES_URL and GASLESS_TEST_REDIS_URL")
+    server_url, redis_url = servers("two-host suite")
     tmp = tmp_path_factory.mktemp("two-hosts")
-    name = f"gasless_two_hosts_{uuid.uuid4().hex[:10]}"
-    asyncio.run(_pg(server_url, f'CREATE DATABASE "{name}"'))
-    database_url = f"{server_url.rsplit('/', 1)[0]}/{name}"
     procs: list[subprocess.Popen[bytes]] = []
-    try:
-        localnet, cluster = start_cluster(tmp, database_url, redis_url)
-        procs.append(localnet)
-        # b first: it takes the singleton roles, which the last test moves by killing it.
-        for host_id in ("b", "a"):
-            host = _spawn_host(cluster, tmp, host_id, database_url, redis_url)
-            procs.append(host.proc)
-            cluster.hosts[host_id] = host
-        yield cluster
-    finally:
-        for proc in reversed(procs):
-            _stop(proc)
-        asyncio.run(_pg(server_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with fresh_database(server_url, "gasless_two_hosts") as database_url:
+        try:
+            localnet, cluster = start_cluster(tmp, database_url, redis_url)
+            procs.append(localnet)
+            # b first: it takes the singleton roles, which the last test moves by killing it.
+            for host_id in ("b", "a"):
+                host = _spawn_host(cluster, tmp, host_id, database_url, redis_url)
+                procs.append(host.proc)
+                cluster.hosts[host_id] = host
+            yield cluster
+        finally:
+            for proc in reversed(procs):
+                stop(proc, 15)
 
 
 # Helpers ------------------------------------------------------------------------------------------------
@@ -550,7 +464,7 @@ def test_a_starting_host_answers_a_replay_of_bytes_another_host_cosigned(cluster
         assert "Retry-After" in refused.headers
         assert b.get(f"/v1/intents/{sender}/1").status_code == 404
     finally:
-        _stop(starting.proc)
+        stop(starting.proc, 15)
     final = wait_state(b, first.json()["txHash"], "FINALIZED")
     assert cluster.submissions(final["txHash"]) == 1
 
@@ -590,19 +504,6 @@ def test_killing_the_leader_moves_the_singletons_and_the_survivor_finishes_its_i
 
 
 # `gasless up --hosts 2` ------------------------------------------------------------------------------------
-def port_pair() -> int:
-    """A port p with p and p + 1 both free."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
-    raise AssertionError("no two consecutive free ports")
-
-
 def test_up_with_two_hosts_refuses_sqlite(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "GASLESS_DATABASE_URL"}
     result = subprocess.run(

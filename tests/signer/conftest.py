@@ -68,14 +68,14 @@ class SoftHsm:
         }
 
     def session(self, *, rw: bool = False) -> Any:
-        from gasless.signer.pkcs11 import token_session
+        from gasless.signer.pkcs11_library import token_session
 
         return token_session(self.module, self.label, self.pin, rw=rw)
 
     def import_wallets(self, wallets: list[Any]) -> list[str]:
         """The wallets' keys in the token (in process, as `gasless keys import-pkcs11` does), each labelled
         by its wallet's name; their key references."""
-        from gasless.signer.pkcs11 import import_key
+        from gasless.signer.pkcs11_keys import import_key
 
         with self.session(rw=True) as session:
             for wallet in wallets:
@@ -130,13 +130,13 @@ def every_module_released() -> Iterator[None]:
     """Torn down last: by then every signer and session the test opened was closed, and the PKCS#11
     module finalised (the next test's token directory is read afresh)."""
     yield
-    from gasless.signer import pkcs11
+    from gasless.signer import pkcs11_library
 
     # A host stopped while it was opening the token closes it once that call returns (signer.custody).
     deadline = time.monotonic() + 10
-    while pkcs11._MODULES and time.monotonic() < deadline:
+    while pkcs11_library._MODULES and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not pkcs11._MODULES, f"PKCS#11 modules still loaded: {list(pkcs11._MODULES)}"
+    assert not pkcs11_library._MODULES, f"PKCS#11 modules still loaded: {list(pkcs11_library._MODULES)}"
 
 
 @pytest.fixture

@@ -214,7 +214,7 @@ def _exportable_key(softhsm: Any) -> list[str]:
     from nacl.signing import SigningKey
     from pkcs11 import Attribute, KeyType, ObjectClass
 
-    from gasless.signer.pkcs11 import ED25519_OID
+    from gasless.signer.pkcs11_keys import ED25519_OID
 
     seed = bytes(range(32))
     common = {

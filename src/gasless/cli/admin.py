@@ -1,12 +1,15 @@
-"""`gasless admin ...` (operator commands signed with the contract owner's key, sent through the gateways)
-and `gasless verify-proof` (check a usage proof against the on-chain `usageSettled` event)."""
+"""`gasless admin ...` (operator commands signed with the contract owner's key, a PEM file or a key in the
+PKCS#11 token, sent through the gateways) and `gasless verify-proof` (check a usage proof against the
+on-chain `usageSettled` event)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import urllib.request
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -29,14 +32,31 @@ ConfigOption = Annotated[Path | None, typer.Option("--config", help="TOML settin
 GatewayOption = Annotated[list[str] | None, typer.Option("--gateway", help="Gateway URL (repeatable).")]
 ContractOption = Annotated[str | None, typer.Option("--contract", help="Billing contract address.")]
 OwnerOption = Annotated[Path | None, typer.Option("--owner-pem", help="The contract owner's PEM file.")]
+OwnerPkcs11Option = Annotated[
+    str | None,
+    typer.Option(
+        "--owner-pkcs11",
+        help="The contract owner's key in the PKCS#11 token, label:NAME or id:HEX; the token from "
+        "GASLESS_PKCS11_MODULE, GASLESS_PKCS11_TOKEN_LABEL and GASLESS_PKCS11_PIN or GASLESS_PKCS11_PIN_FILE "
+        "(or their --config fields).",
+        show_default=False,
+    ),
+]
 DatabaseOption = Annotated[str | None, typer.Option("--database-url", help="The service database.")]
+
+
+@dataclass(frozen=True)
+class OwnerChoice:
+    """Where the owner key was asked for: `--owner-pem`, `--owner-pkcs11`, else the settings."""
+
+    pem: Path | None = None
+    pkcs11: str | None = None
 
 
 def _settings(
     config: Path | None,
     gateways: list[str] | None,
     contract: str | None,
-    owner_pem: Path | None,
     database_url: str | None = None,
 ) -> Any:
     from gasless.settings import Settings
@@ -46,8 +66,6 @@ def _settings(
         overrides["gateway_urls"] = gateways
     if contract:
         overrides["contract_address"] = contract
-    if owner_pem:
-        overrides["owner_key_file"] = owner_pem
     if database_url:
         overrides["database_url"] = database_url
     try:
@@ -56,28 +74,105 @@ def _settings(
         invalid_settings(exc)
 
 
-def _owner_key(settings: Any) -> Any:
-    """The owner's key and the contract, checked before anything is sent (a usage error otherwise)."""
+def _owner_signer(settings: Any, choice: OwnerChoice) -> Any:
+    """The owner's key (an OwnerSigner) and the contract, checked before anything is sent (one line and
+    exit 2 otherwise): `--owner-pem`, or `--owner-pkcs11`, else the settings' owner key
+    (GASLESS_OWNER_KEY_FILE, or GASLESS_PKCS11_OWNER_KEY with GASLESS_SIGNER=pkcs11). A token's key is
+    opened here: the caller closes it (`_with_owner`)."""
+    from gasless.signer.owner import PemOwnerSigner
+
+    _quiet_logs()
+    if choice.pem is not None and choice.pkcs11 is not None:
+        fail("give one of --owner-pem and --owner-pkcs11, not both")
+    pem, ref = choice.pem, choice.pkcs11
+    pem_source, ref_source = "--owner-pem", "--owner-pkcs11"
+    if pem is None and ref is None:
+        if settings.signer == "pkcs11" and settings.pkcs11_owner_key is not None:
+            ref, ref_source = settings.pkcs11_owner_key, "GASLESS_PKCS11_OWNER_KEY"
+        elif settings.owner_key_file is not None:
+            pem, pem_source = settings.owner_key_file, "GASLESS_OWNER_KEY_FILE"
     missing = []
-    if settings.owner_key_file is None:
-        missing.append("--owner-pem (the contract owner's PEM; or GASLESS_OWNER_KEY_FILE)")
+    if pem is None and ref is None:
+        missing.append(
+            "--owner-pem or --owner-pkcs11 (the contract owner's PEM or its key in the PKCS#11 token; or "
+            "GASLESS_OWNER_KEY_FILE, or GASLESS_PKCS11_OWNER_KEY with GASLESS_SIGNER=pkcs11)"
+        )
     if settings.network.contract_address is None:
         missing.append("--contract (the billing contract; or GASLESS_CONTRACT_ADDRESS)")
     if missing:
         fail(f"needs {' and '.join(missing)}")
-    return read_pem(settings.owner_key_file, "--owner-pem")
+    if pem is not None:
+        return PemOwnerSigner(read_pem(pem, pem_source))
+    assert ref is not None
+    return _token_owner(settings, ref, ref_source)
 
 
-async def _with_owner(settings: Any, key: Any, work: Callable[[Any], Awaitable[T]]) -> T:
+def _quiet_logs() -> None:
+    """The services' log lines (a token's signer, the settlement worker) on stderr, warnings only: stdout
+    keeps the command's result alone. Left as it is when the process configured its logging already."""
+    import structlog
+
+    from gasless.logs import configure_logging
+
+    if not structlog.is_configured():
+        configure_logging(json_lines=False, level="WARNING")
+
+
+def _token_owner(settings: Any, ref: str, source: str) -> Any:
+    """The owner key `ref` in the token the settings name, opened and checked (the token signs once)."""
+    from gasless.signer.owner import Pkcs11OwnerSigner
+    from gasless.signer.pkcs11 import Pkcs11Config
+    from gasless.signer.pkcs11_keys import KeyRef
+    from gasless.signer.pkcs11_library import Pkcs11Refused, Pkcs11Unavailable
+
+    try:
+        KeyRef.parse(ref)
+    except ValueError as exc:
+        fail(f"{source} {exc}")
+    module, token = settings.pkcs11_module, settings.pkcs11_token_label
+    missing = [
+        what
+        for what, value in (
+            ("GASLESS_PKCS11_MODULE (the PKCS#11 library)", module),
+            ("GASLESS_PKCS11_TOKEN_LABEL (the token's label)", token),
+        )
+        if value is None
+    ]
+    if missing:
+        fail(f"{source} needs {' and '.join(missing)}")
+    if not Path(module).is_file():
+        fail(f"GASLESS_PKCS11_MODULE {module}: no such file (the PKCS#11 library)")
+    pin = None
+    if settings.pkcs11_pin is None and settings.pkcs11_pin_file is None:
+        if not sys.stdin.isatty():
+            fail(f"{source} needs the token's user PIN: GASLESS_PKCS11_PIN or GASLESS_PKCS11_PIN_FILE")
+        pin = typer.prompt(f"user PIN of the token {token!r}", hide_input=True)
+    try:
+        return Pkcs11OwnerSigner.open(Pkcs11Config.for_owner(settings, ref, pin=pin))
+    except Pkcs11Refused as exc:
+        fail(f"{exc} ({source} {ref})")
+    except Pkcs11Unavailable as exc:
+        fail(f"{exc} ({source} {ref}, module {module})")
+
+
+async def _with_owner(settings: Any, signer: Any, work: Callable[[Any], Awaitable[T]]) -> T:
+    """`work` with the OwnerTransactor of `signer`; the signer closed at the end (a token's sessions)."""
     from gasless.settlement.owner_tx import OwnerTransactor
 
-    async with aiohttp.ClientSession() as http:
-        gateway = GatewayClient(http, settings.effective_gateway_urls, timeout_ms=settings.gateway_timeout_ms)
-        owner = OwnerTransactor(gateway, key, settings.network.contract_address, settings.network.chain_id)
-        return await work(owner)
+    try:
+        async with aiohttp.ClientSession() as http:
+            gateway = GatewayClient(
+                http, settings.effective_gateway_urls, timeout_ms=settings.gateway_timeout_ms
+            )
+            owner = OwnerTransactor(
+                gateway, signer, settings.network.contract_address, settings.network.chain_id
+            )
+            return await work(owner)
+    finally:
+        await signer.aclose()
 
 
-def _owner_call(settings: Any, function: str, args: list[Any], what: str) -> None:
+def _owner_call(settings: Any, choice: OwnerChoice, function: str, args: list[Any], what: str) -> None:
     from gasless.settlement.owner_tx import OwnerCallError
 
     async def work(owner: Any) -> str:
@@ -89,9 +184,9 @@ def _owner_call(settings: Any, function: str, args: list[Any], what: str) -> Non
             raise OwnerCallError(f"{function} {state}: {reason or 'no reason given'} (tx {tx_hash})")
         return str(tx_hash)
 
-    key = _owner_key(settings)
+    signer = _owner_signer(settings, choice)
     try:
-        tx_hash = asyncio.run(_with_owner(settings, key, work))
+        tx_hash = asyncio.run(_with_owner(settings, signer, work))
     except typer.Exit:
         raise
     except Exception as exc:  # noqa: BLE001 - the operator gets the reason, not a traceback
@@ -117,11 +212,16 @@ def grant(
     gateway: GatewayOption = None,
     contract: ContractOption = None,
     owner_pem: OwnerOption = None,
+    owner_pkcs11: OwnerPkcs11Option = None,
 ) -> None:
     """Grant a plan block without payment (placed as a purchase would be)."""
-    settings = _settings(config, gateway, contract, owner_pem)
+    settings = _settings(config, gateway, contract)
     _owner_call(
-        settings, "grant", [_address(account), tier, months], f"grant tier {tier} x {months} to {account}"
+        settings,
+        OwnerChoice(owner_pem, owner_pkcs11),
+        "grant",
+        [_address(account), tier, months],
+        f"grant tier {tier} x {months} to {account}",
     )
 
 
@@ -136,13 +236,15 @@ def relayer_state(
     gateway: GatewayOption = None,
     contract: ContractOption = None,
     owner_pem: OwnerOption = None,
+    owner_pkcs11: OwnerPkcs11Option = None,
 ) -> None:
     """Set a relayer's state in the contract (setRelayerState): the authority every host follows."""
     if state not in RELAYER_STATES:
         fail(f"state must be one of {', '.join(RELAYER_STATES)}, not {state!r}")
-    settings = _settings(config, gateway, contract, owner_pem)
+    settings = _settings(config, gateway, contract)
     _owner_call(
         settings,
+        OwnerChoice(owner_pem, owner_pkcs11),
         "setRelayerState",
         [_address(relayer), RELAYER_STATES[state]],
         f"relayer {relayer} {state}",
@@ -227,9 +329,9 @@ def relayers_command(
     print_records(CliConsole(), f"relayers (host {health.get('hostId')})", columns, rows)
 
 
-def _pause(scope: str, paused: bool, settings: Any) -> None:
+def _pause(scope: str, paused: bool, settings: Any, choice: OwnerChoice) -> None:
     function = "setPaused" if scope == "contract" else "setDepositsPaused"
-    _owner_call(settings, function, [paused], f"{'pause' if paused else 'unpause'} {scope}")
+    _owner_call(settings, choice, function, [paused], f"{'pause' if paused else 'unpause'} {scope}")
 
 
 ScopeArgument = Annotated[str, typer.Argument(help="contract or deposits.")]
@@ -249,9 +351,10 @@ def pause(
     gateway: GatewayOption = None,
     contract: ContractOption = None,
     owner_pem: OwnerOption = None,
+    owner_pkcs11: OwnerPkcs11Option = None,
 ) -> None:
     """Pause the contract (every user endpoint) or deposits only."""
-    _pause(_scope(scope), True, _settings(config, gateway, contract, owner_pem))
+    _pause(_scope(scope), True, _settings(config, gateway, contract), OwnerChoice(owner_pem, owner_pkcs11))
 
 
 @admin_app.command()
@@ -261,9 +364,10 @@ def unpause(
     gateway: GatewayOption = None,
     contract: ContractOption = None,
     owner_pem: OwnerOption = None,
+    owner_pkcs11: OwnerPkcs11Option = None,
 ) -> None:
     """Lift the contract pause or the deposits pause."""
-    _pause(_scope(scope), False, _settings(config, gateway, contract, owner_pem))
+    _pause(_scope(scope), False, _settings(config, gateway, contract), OwnerChoice(owner_pem, owner_pkcs11))
 
 
 @admin_app.command("settle-now")
@@ -272,6 +376,7 @@ def settle_now(
     gateway: GatewayOption = None,
     contract: ContractOption = None,
     owner_pem: OwnerOption = None,
+    owner_pkcs11: OwnerPkcs11Option = None,
     database_url: DatabaseOption = None,
 ) -> None:
     """Build the next settlement batch from the billed, unsettled usage rows and submit settleUsage now."""
@@ -279,8 +384,8 @@ def settle_now(
     from gasless.settlement.repository import SettlementRepository
     from gasless.settlement.worker import SettlementWorker
 
-    settings = _settings(config, gateway, contract, owner_pem, database_url)
-    key = _owner_key(settings)
+    settings = _settings(config, gateway, contract, database_url)
+    signer = _owner_signer(settings, OwnerChoice(owner_pem, owner_pkcs11))
 
     async def work(owner: Any) -> dict[str, Any] | None:
         engine = create_engine(settings.effective_database_url)
@@ -301,7 +406,7 @@ def settle_now(
             await engine.dispose()
 
     try:
-        batch = asyncio.run(_with_owner(settings, key, work))
+        batch = asyncio.run(_with_owner(settings, signer, work))
     except typer.Exit:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -325,7 +430,7 @@ def status(
     from gasless.db import create_engine
     from gasless.mirror.repository import MirrorRepository
 
-    settings = _settings(config, None, None, None, database_url)
+    settings = _settings(config, None, None, database_url)
 
     async def read() -> dict[str, Any]:
         engine = create_engine(settings.effective_database_url)

@@ -1,6 +1,6 @@
-"""`gasless admin backup`, `restore`, `restore-report` and `migrate`: the service database's backups, their
-restore into a new place, what a restored host recovered from the chain, and the schema migrations run
-ahead of a rolling upgrade (docs/operations.md, "Backups and restore" and "Rolling upgrades")."""
+"""`gasless admin backup`, `restore`, `restore-report`, `restore-hold` and `migrate`: the service database's
+backups, their restore into a new place, what a restored host recovered from the chain (relays and settlement
+batches), the usage it held out of settlement, and the schema migrations run ahead of a rolling upgrade (docs/operations.md, "Backups and restore" and "Rolling upgrades")."""
 
 from __future__ import annotations
 
@@ -154,7 +154,8 @@ def restore_command(
     """Restore a backup into a new data directory or database (never over one that exists), mark it as a
     restore, and retire the source database's signer identities. The first host started on it reconciles
     it with the chain before co-signing."""
-    from gasless.db.backup import restore, without_password
+    from gasless.db.backup import without_password
+    from gasless.db.restore import restore
 
     if (data_dir is None) == (database_url is None):
         fail("give exactly one of --data-dir (a new data directory) and --database-url (a new database)")
@@ -201,17 +202,18 @@ def restore_report_command(
     from sqlalchemy import select
 
     from gasless.db import create_engine, intents
-    from gasless.db.backup import RESTORE_KEY, read_meta, sqlite_path
+    from gasless.db.backup import read_meta, sqlite_path
+    from gasless.db.restore import RESTORE_KEY
 
     settings = _settings(config, database_url)
     url = settings.effective_database_url
     if url.startswith("sqlite") and not sqlite_path(url).is_file():
         fail(f"{sqlite_path(url)}: no such database file")
 
-    async def read() -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    async def read() -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
         marker = await read_meta(url, RESTORE_KEY)
         if marker is None:
-            return None, []
+            return None, [], []
         engine = create_engine(url)
         try:
             async with engine.connect() as conn:
@@ -230,18 +232,21 @@ def restore_report_command(
                         .order_by(intents.c.pk)
                     )
                 ).all()
+                held = await held_rows(conn, marker)
         finally:
             await engine.dispose()
-        return marker, [dict(row._mapping) for row in rows]
+        return marker, [dict(row._mapping) for row in rows], held
 
     try:
-        marker, recovered = asyncio.run(read())
+        marker, recovered, held = asyncio.run(read())
     except Exception as exc:  # noqa: BLE001 - an operator command: the reason, not a traceback
         fail(f"{exc}", EXIT_FAILED, label="cannot read the database")
     if marker is None:
         fail("this database is not a restore (no restore marker)", EXIT_FAILED, label="restore-report")
     point = marker.get("recoveryPoint") or {}
     scanned = marker.get("scanned") or {}
+    settlement = marker.get("settlement") or {}
+    hold = settlement.get("hold") or {}
     rows = [
         ("restore", marker.get("restoreId")),
         ("state", marker.get("state")),
@@ -254,6 +259,20 @@ def restore_report_command(
         ("relays beyond the backup, recovered (unbilled)", len(recovered)),
         ("relays beyond the backup, not rebuilt", len(marker.get("notRebuilt") or [])),
         ("source database", (marker.get("sourceFence") or {}).get("state")),
+        ("last settlement batch in the backup", settlement.get("lastBatchAtBackup", "-")),
+        (
+            "settlement batches beyond it on chain",
+            ", ".join(str(b["batchId"]) for b in settlement.get("onChain") or []) or "-",
+        ),
+        (
+            "matched (usage rows marked settled)",
+            f"{settlement.get('matched', '-')} ({settlement.get('rowsMarkedSettled', 0)} rows)",
+        ),
+        ("unmatched", settlement.get("unmatched", "-")),
+        (
+            "usage rows held out of settlement",
+            _hold_line(hold, len(held)) if hold else "none",
+        ),
     ]
     console.print(key_value_table("gasless restore report", rows))
     if recovered:
@@ -266,9 +285,112 @@ def restore_report_command(
                 for r in recovered
             ],
         )
+    if held:
+        print_records(
+            console,
+            "usage rows held out of settlement (an unmatched batch on chain may cover them)",
+            ("txHash", "account", "billingClass", "ru", "executedBlockTsMs"),
+            [
+                (r["tx_hash"], r["account"], r["billing_class"], r["ru"], r["executed_block_ts_ms"])
+                for r in held
+            ],
+        )
     if marker.get("state") == "pending":
         console.print("[yellow]not reconciled yet:[/yellow] start a host on this database")
-    typer.echo(json.dumps({"restore": marker, "recovered": recovered}, separators=(",", ":"), default=str))
+    document = {"restore": marker, "recovered": recovered, "held": held}
+    typer.echo(json.dumps(document, separators=(",", ":"), default=str))
+
+
+def _hold_line(hold: dict[str, Any], count: int) -> str:
+    scope = (
+        f"{count} now: rows of the backup's intents executed before {_when(hold.get('executedBeforeMs'))} "
+        f"(batches {hold.get('batches')} on chain could not be matched)"
+    )
+    if hold.get("releasedAtMs"):
+        return f"released {_when(hold['releasedAtMs'])}; {scope}"
+    return f"{scope}; gasless admin restore-hold --release settles them"
+
+
+async def held_rows(conn: Any, marker: dict[str, Any]) -> list[dict[str, Any]]:
+    """The usage rows the restore's settlement hold keeps out of batches now (released or not)."""
+    from sqlalchemy import select
+
+    from gasless.db import usage_ledger
+    from gasless.settlement.repository import held
+
+    hold = (marker.get("settlement") or {}).get("hold")
+    if not hold:
+        return []
+    rows = await conn.execute(
+        select(
+            usage_ledger.c.tx_hash,
+            usage_ledger.c.account,
+            usage_ledger.c.billing_class,
+            usage_ledger.c.ru,
+            usage_ledger.c.payg_micro,
+            usage_ledger.c.executed_block_ts_ms,
+        )
+        .where(usage_ledger.c.billed.is_(True), usage_ledger.c.batch_id.is_(None), held(hold))
+        .order_by(usage_ledger.c.terminal_at_ms, usage_ledger.c.tx_hash)
+    )
+    return [dict(row._mapping) for row in rows]
+
+
+def restore_hold_command(
+    release: Annotated[
+        bool,
+        typer.Option(
+            "--release",
+            help="Lift the hold: the held rows go into the next settlement batch (only once the old hosts' "
+            "batches are known not to hold them).",
+        ),
+    ] = False,
+    config: ConfigOption = None,
+    database_url: DatabaseOption = None,
+) -> None:
+    """The usage rows a restore held out of settlement (the contract holds batches after the backup it could
+    not match to them); with --release, settle them in the next batch."""
+    from sqlalchemy import update
+
+    from gasless.db import begin_write, create_engine, service_meta
+    from gasless.db.backup import sqlite_path
+    from gasless.db.restore import RESTORE_KEY
+    from gasless.settlement.repository import restore_marker
+
+    settings = _settings(config, database_url)
+    url = settings.effective_database_url
+    if url.startswith("sqlite") and not sqlite_path(url).is_file():
+        fail(f"{sqlite_path(url)}: no such database file")
+
+    async def run() -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        engine = create_engine(url)
+        try:
+            async with begin_write(engine) as conn:
+                marker = await restore_marker(conn)
+                hold = ((marker or {}).get("settlement") or {}).get("hold")
+                if marker is None or not hold:
+                    return marker, []
+                held = await held_rows(conn, marker)
+                if release and not hold.get("releasedAtMs"):
+                    hold["releasedAtMs"] = int(datetime.now(UTC).timestamp() * 1000)
+                    await conn.execute(
+                        update(service_meta)
+                        .where(service_meta.c.key == RESTORE_KEY)
+                        .values(value=marker, updated_at_ms=hold["releasedAtMs"])
+                    )
+                return marker, held
+        finally:
+            await engine.dispose()
+
+    try:
+        marker, held = asyncio.run(run())
+    except Exception as exc:  # noqa: BLE001 - an operator command: the reason, not a traceback
+        fail(f"{exc}", EXIT_FAILED, label="cannot read the database")
+    hold = ((marker or {}).get("settlement") or {}).get("hold")
+    if marker is None or not hold:
+        fail("this database holds no usage out of settlement", EXIT_FAILED, label="restore-hold")
+    console.print(key_value_table("gasless restore hold", [("held", _hold_line(hold, len(held)))]))
+    typer.echo(json.dumps({"hold": hold, "held": held}, separators=(",", ":"), default=str))
 
 
 def migrate_command(
@@ -312,4 +434,5 @@ def register(admin_app: typer.Typer) -> None:
     admin_app.command("backup")(backup_command)
     admin_app.command("restore")(restore_command)
     admin_app.command("restore-report")(restore_report_command)
+    admin_app.command("restore-hold")(restore_hold_command)
     admin_app.command("migrate")(migrate_command)

@@ -1,13 +1,13 @@
-"""`gasless keys ...`: relayer keys in a PKCS#11 token (docs/keys.md).
+"""`gasless keys ...`: relayer keys and the billing contract owner's key in a PKCS#11 token (docs/keys.md).
 
-`import-pkcs11` moves a wallet PEM's key into the token (a sensitive, unextractable Ed25519 private key and
-its public key); `generate-pkcs11` makes a new key inside the token, in the shard asked for; `list-pkcs11`
-shows the token's Ed25519 keys. The token comes from `--module`, `--token-label` and the PIN, each else from
-its `GASLESS_PKCS11_*` variable or the `--config` TOML file (`pkcs11_module`, ...): the PIN from
-`GASLESS_PKCS11_PIN` or a file (`--pin-file`), else asked for on a terminal; never an option's value, which
-the shell's history and `ps` would show. The new key's address goes to stdout, alone on its line; what was
-done goes to stderr. Exit 0 done, 1 the token failed while working, 2 nothing done (an option, a file, the
-token, its PIN or its keys refused as given).
+`import-pkcs11` moves a wallet PEM's key (a relayer's or the contract owner's) into the token (a sensitive,
+unextractable Ed25519 private key and its public key); `generate-pkcs11` makes a new key inside the token,
+in the shard asked for; `list-pkcs11` shows the token's Ed25519 keys. The token comes from `--module`,
+`--token-label` and the PIN, each else from its `GASLESS_PKCS11_*` variable or the `--config` TOML file
+(`pkcs11_module`, ...): the PIN from `GASLESS_PKCS11_PIN` or a file (`--pin-file`), else asked for on a
+terminal; never an option's value, which the shell's history and `ps` would show. The new key's address
+goes to stdout, alone on its line; what was done goes to stderr. Exit 0 done, 1 the token failed while
+working, 2 nothing done (an option, a file, the token, its PIN or its keys refused as given).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ if TYPE_CHECKING:
     from pkcs11 import Session
 
 keys_app = typer.Typer(
-    help="Relayer keys in a PKCS#11 token (HSM, SoftHSM, cloud KMS): import, generate, list.",
+    help="Relayer and contract owner keys in a PKCS#11 token (HSM, SoftHSM, cloud KMS): import, generate, "
+    "list.",
     no_args_is_help=True,
 )
 console = CliConsole(stderr=True)  # what was done, errors
@@ -93,7 +94,7 @@ def _token(
     module: Path | None, token_label: str | None, pin_file: Path | None, config: Path | None, *, rw: bool
 ) -> Iterator[Session]:
     """A logged-in session on the token, or one line saying what is missing or refused (2)."""
-    from gasless.signer.pkcs11 import Pkcs11Refused, Pkcs11Unavailable, read_pin, token_session
+    from gasless.signer.pkcs11_library import Pkcs11Refused, Pkcs11Unavailable, read_pin, token_session
 
     values = _from_config(config)
     module_path = _setting(module, "GASLESS_PKCS11_MODULE", values, "pkcs11_module")
@@ -148,13 +149,21 @@ def _report(what: str, key: Any, token_label: str) -> None:
         f"{escape(what)} {key.address} (shard {key.shard}) in the token {escape(repr(token_label))} as "
         f"label {escape(repr(key.label))}, id {key.key_id.hex()}: sensitive, not extractable"
     )
-    console.print(f"its signer setting: GASLESS_PKCS11_RELAYER_KEYS=...,label:{escape(key.label)}")
+    console.print(
+        f"its signer setting: GASLESS_PKCS11_RELAYER_KEYS=...,label:{escape(key.label)} for a relayer, or "
+        f"GASLESS_PKCS11_OWNER_KEY=label:{escape(key.label)} for the billing contract owner"
+    )
     typer.echo(key.address)
 
 
 @keys_app.command("import-pkcs11")
 def import_pkcs11(
-    pem: Annotated[Path, typer.Option("--pem", help="The relayer's wallet PEM file.", show_default=False)],
+    pem: Annotated[
+        Path,
+        typer.Option(
+            "--pem", help="The wallet PEM file: a relayer's or the contract owner's.", show_default=False
+        ),
+    ],
     label: LabelOption = None,
     key_id: IdOption = None,
     module: ModuleOption = None,
@@ -162,15 +171,17 @@ def import_pkcs11(
     pin_file: PinFileOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """Move a relayer's key from its wallet PEM into the token and print its address.
+    """Move a key from its wallet PEM into the token and print its address: a relayer's, or the billing
+    contract owner's (then named by GASLESS_PKCS11_OWNER_KEY).
 
     The private key is created sensitive and not extractable (only the token signs with it from then on);
-    the public key beside it. Once the host signs through the token, keep the PEM offline or destroy it.
+    the public key beside it. Once the hosts sign through the token, keep the PEM offline or destroy it.
     Run again with the same PEM, label and id: nothing changes, the address is printed."""
     from pkcs11.exceptions import PKCS11Error
 
     from gasless.chain.addresses import address_of
-    from gasless.signer.pkcs11 import KeyTaken, SignerUnavailable, import_key
+    from gasless.signer.base import SignerUnavailable
+    from gasless.signer.pkcs11_keys import KeyTaken, import_key
 
     secret = read_pem(pem, "--pem")
     pubkey = bytes(secret.generate_public_key().buffer)
@@ -207,7 +218,8 @@ def generate_pkcs11(
     Key pairs whose address is in another shard are destroyed and generated again."""
     from pkcs11.exceptions import PKCS11Error
 
-    from gasless.signer.pkcs11 import SignerUnavailable, generate_key, key_taken
+    from gasless.signer.base import SignerUnavailable
+    from gasless.signer.pkcs11_keys import generate_key, key_taken
 
     wanted = _key_id(key_id, b"") if key_id is not None else os.urandom(8)
     with _token(module, token_label, pin_file, config, rw=True) as session:
@@ -236,7 +248,7 @@ def list_pkcs11(
     """List the token's Ed25519 key pairs: label, id, address, shard, sensitive, extractable.
 
     A relayer key must be sensitive and not extractable."""
-    from gasless.signer.pkcs11 import list_keys
+    from gasless.signer.pkcs11_keys import list_keys
 
     with _token(module, token_label, pin_file, config, rw=False) as session:
         keys = list_keys(session)

@@ -18,7 +18,7 @@ from aiohttp import web
 
 from gasless.chain.addresses import METACHAIN, InvalidAddress, address_of, parse_address
 from gasless.localnet.chain import LocalChain
-from gasless.localnet.gateway import CHAIN_KEY, REQUESTS_KEY, _dumps, fail, ok
+from gasless.localnet.envelope import CHAIN_KEY, REQUESTS_KEY, bad_request, fail, ok
 from gasless.localnet.state import Guardian
 
 ADMIN_PREFIX = "/localnet/"
@@ -105,15 +105,9 @@ async def _body(request: web.Request) -> dict[str, Any]:
     try:
         body = await request.json()
     except Exception:
-        raise web.HTTPBadRequest(
-            text=_dumps({"data": None, "error": "invalid JSON body", "code": "bad_request"}),
-            content_type="application/json",
-        ) from None
+        raise bad_request("invalid JSON body") from None
     if not isinstance(body, dict):
-        raise web.HTTPBadRequest(
-            text=_dumps({"data": None, "error": "expected an object", "code": "bad_request"}),
-            content_type="application/json",
-        )
+        raise bad_request("expected an object")
     return body
 
 
@@ -121,10 +115,7 @@ def _pubkey(value: Any) -> bytes:
     try:
         return parse_address(value).get_public_key()
     except (InvalidAddress, TypeError):
-        raise web.HTTPBadRequest(
-            text=_dumps({"data": None, "error": f"invalid address: {value!r}", "code": "bad_request"}),
-            content_type="application/json",
-        ) from None
+        raise bad_request(f"invalid address: {value!r}") from None
 
 
 def _amount(body: dict[str, Any], name: str) -> int:
@@ -132,12 +123,7 @@ def _amount(body: dict[str, Any], name: str) -> int:
     if isinstance(value, str) and value.isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise web.HTTPBadRequest(
-            text=_dumps(
-                {"data": None, "error": f"{name} must be a non-negative integer", "code": "bad_request"}
-            ),
-            content_type="application/json",
-        )
+        raise bad_request(f"{name} must be a non-negative integer")
     return value
 
 

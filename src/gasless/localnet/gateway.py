@@ -1,75 +1,36 @@
 """The gateway (proxy) REST API of localnet, in the real response shapes and envelopes.
 
-Every answer is `{"data": ..., "error": "", "code": "successful"}`; errors carry the node's text in `error`
-with `code` `bad_request` (HTTP 400) or `internal_issue` (HTTP 500), as mx-chain-proxy-go does.
+The network, accounts, blocks and VM queries are answered here; the transaction routes and a transaction's
+shape in `localnet/transactions`; the envelope (`{"data": ..., "error": "", "code": "successful"}`, errors as
+mx-chain-proxy-go gives them) in `localnet/envelope`.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import json
-from collections import Counter
 from typing import Any
 
 from aiohttp import web
 
 from gasless.chain.addresses import METACHAIN, InvalidAddress, address_of, parse_address
-from gasless.chain.codec import WireError, tx_from_wire
-from gasless.localnet.chain import HyperBlock, LocalChain, TxRecord
-from gasless.localnet.processing import NodeError
-from gasless.localnet.vm import ContractError, LogEvent
-
-CHAIN_KEY: web.AppKey[LocalChain] = web.AppKey("chain", LocalChain)
-# Requests this gateway received, by method and route ("GET /address/{address}"), and VM queries by function
-# ("POST /vm-values/query getRelayerState"): what a client costs it, and what it asks.
-REQUESTS_KEY: web.AppKey[Counter[str]] = web.AppKey("requests", Counter)
-
-
-def ok(data: Any) -> web.Response:
-    return web.json_response({"data": data, "error": "", "code": "successful"}, dumps=_dumps)
-
-
-def fail(message: str, status: int = 400) -> web.Response:
-    code = "bad_request" if status == 400 else "internal_issue"
-    return web.json_response({"data": None, "error": message, "code": code}, status=status, dumps=_dumps)
-
-
-def _dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"))
-
-
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
-
-
-def _chain(request: web.Request) -> LocalChain:
-    return request.app[CHAIN_KEY]
-
-
-def _address_param(request: web.Request) -> bytes:
-    try:
-        return parse_address(request.match_info["address"]).get_public_key()
-    except InvalidAddress:
-        raise web.HTTPBadRequest(
-            text=_dumps({"data": None, "error": "cannot decode address", "code": "bad_request"}),
-            content_type="application/json",
-        ) from None
-
-
-async def _json_body(request: web.Request) -> Any:
-    try:
-        return await request.json(loads=json.loads)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise web.HTTPBadRequest(
-            text=_dumps({"data": None, "error": "invalid JSON body", "code": "bad_request"}),
-            content_type="application/json",
-        ) from None
+from gasless.localnet.chain import HyperBlock, LocalChain
+from gasless.localnet.envelope import REQUESTS_KEY, address_param, b64, chain_of, fail, json_body, ok
+from gasless.localnet.transactions import (
+    get_pool,
+    get_process_status,
+    get_transaction,
+    get_transaction_status,
+    send_multiple,
+    send_transaction,
+    simulate_transaction,
+    transaction_cost,
+    transaction_json,
+)
+from gasless.localnet.vm import ContractError
 
 
 # Network ----------------------------------------------------------------------------------------------
 async def network_config(request: web.Request) -> web.Response:
-    chain = _chain(request)
+    chain = chain_of(request)
     cfg, rules = chain.config, chain.config.rules
     return ok(
         {
@@ -101,7 +62,7 @@ async def network_config(request: web.Request) -> web.Response:
 
 
 async def network_status(request: web.Request) -> web.Response:
-    chain = _chain(request)
+    chain = chain_of(request)
     try:
         shard = int(request.match_info["shard"])
     except ValueError:
@@ -129,7 +90,7 @@ def _account_json(chain: LocalChain, pubkey: bytes) -> dict[str, Any]:
     }
     if account is not None and account.contract is not None:
         data["code"] = account.contract.name.encode().hex()
-        data["codeMetadata"] = _b64(b"\x05\x00")  # upgradeable, readable
+        data["codeMetadata"] = b64(b"\x05\x00")  # upgradeable, readable
         data["ownerAddress"] = address_of(account.owner).to_bech32() if account.owner else ""
     return data
 
@@ -141,24 +102,24 @@ def _block_info(chain: LocalChain, pubkey: bytes) -> dict[str, Any]:
 
 
 async def get_account(request: web.Request) -> web.Response:
-    chain, pubkey = _chain(request), _address_param(request)
+    chain, pubkey = chain_of(request), address_param(request)
     return ok({"account": _account_json(chain, pubkey), "blockInfo": _block_info(chain, pubkey)})
 
 
 async def get_nonce(request: web.Request) -> web.Response:
-    chain, pubkey = _chain(request), _address_param(request)
+    chain, pubkey = chain_of(request), address_param(request)
     account = chain.world.peek(pubkey)
     return ok({"nonce": account.nonce if account else 0, "blockInfo": _block_info(chain, pubkey)})
 
 
 async def get_balance(request: web.Request) -> web.Response:
-    chain, pubkey = _chain(request), _address_param(request)
+    chain, pubkey = chain_of(request), address_param(request)
     account = chain.world.peek(pubkey)
     return ok({"balance": str(account.balance if account else 0), "blockInfo": _block_info(chain, pubkey)})
 
 
 async def get_esdts(request: web.Request) -> web.Response:
-    chain, pubkey = _chain(request), _address_param(request)
+    chain, pubkey = chain_of(request), address_param(request)
     account = chain.world.peek(pubkey)
     tokens = {
         token: {"tokenIdentifier": token, "balance": str(amount), "properties": "", "nonce": 0}
@@ -169,7 +130,7 @@ async def get_esdts(request: web.Request) -> web.Response:
 
 
 async def get_esdt(request: web.Request) -> web.Response:
-    chain, pubkey = _chain(request), _address_param(request)
+    chain, pubkey = chain_of(request), address_param(request)
     token = request.match_info["token"]
     amount = chain.world.esdt_balance(pubkey, token)
     return ok(
@@ -181,7 +142,7 @@ async def get_esdt(request: web.Request) -> web.Response:
 
 
 async def get_guardian_data(request: web.Request) -> web.Response:
-    chain, pubkey = _chain(request), _address_param(request)
+    chain, pubkey = chain_of(request), address_param(request)
     account = chain.world.peek(pubkey)
     guardian = account.guardian if account else None
     data: dict[str, Any] = {"guarded": False}
@@ -195,265 +156,6 @@ async def get_guardian_data(request: web.Request) -> web.Response:
             "guarded": guardian.activation_epoch <= chain.epoch,
         }
     return ok({"guardianData": data, "blockInfo": _block_info(chain, pubkey)})
-
-
-# Transactions -----------------------------------------------------------------------------------------
-async def send_transaction(request: web.Request) -> web.Response:
-    chain = _chain(request)
-    body = await _json_body(request)
-    try:
-        tx = tx_from_wire(body)
-        return ok({"txHash": chain.submit(tx)})
-    except WireError as exc:
-        return fail(f"transaction generation failed: {exc}")
-    except NodeError as exc:
-        return fail(f"transaction generation failed: {exc.message}")
-
-
-async def send_multiple(request: web.Request) -> web.Response:
-    chain = _chain(request)
-    body = await _json_body(request)
-    if not isinstance(body, list):
-        return fail("invalid tx fields")
-    # The proxy drops what fails its own field checks first, then keys `txsHashes` by position among the
-    # rest; a transaction the node refuses is left out (mx-chain-proxy-go SendMultipleTransactions).
-    checked = []
-    for item in body:
-        try:
-            checked.append(tx_from_wire(item))
-        except WireError:
-            continue
-    hashes: dict[str, str] = {}
-    for index, tx in enumerate(checked):
-        try:
-            hashes[str(index)] = chain.submit(tx)
-        except NodeError:
-            continue
-    return ok({"numOfSentTxs": len(hashes), "txsHashes": hashes})
-
-
-async def simulate_transaction(request: web.Request) -> web.Response:
-    chain = _chain(request)
-    body = await _json_body(request)
-    check = request.query.get("checkSignature", "true").lower() != "false"
-    try:
-        tx = tx_from_wire(body)
-    except WireError as exc:
-        return fail(f"transaction generation failed: {exc}")
-    return ok({"result": chain.simulate(tx, check_signature=check)})
-
-
-async def transaction_cost(request: web.Request) -> web.Response:
-    chain = _chain(request)
-    body = await _json_body(request)
-    try:
-        tx = tx_from_wire(body)
-    except WireError as exc:
-        return fail(f"transaction generation failed: {exc}")
-    units, message, _ = chain.estimate(tx)
-    return ok({"txGasUnits": units, "returnMessage": message, "smartContractResults": {}, "logs": None})
-
-
-def _record(request: web.Request) -> TxRecord | None:
-    record = _chain(request).records.get(request.match_info["hash"].lower())
-    return None if record is None or record.dropped else record  # a dropped transaction is forgotten
-
-
-def _not_found(request: web.Request) -> web.Response:
-    # The proxy answers 404 on the `sender` path (any error there) and 500 without it
-    # (mx-chain-proxy-go api/groups/baseTransactionGroup.go getTransaction).
-    return fail("transaction not found", status=404 if request.query.get("sender") else 500)
-
-
-async def get_transaction(request: web.Request) -> web.Response:
-    record = _record(request)
-    if record is None:
-        return _not_found(request)
-    with_results = request.query.get("withResults", "false").lower() == "true"
-    data = transaction_json(_chain(request), record, with_results=with_results)
-    if not request.query.get("sender"):
-        # Only the proxy's path without `sender` sets these, from the destination's notarization
-        # (process/transactionProcessor.go GetTransaction); the node never does.
-        data["hyperblockNonce"] = data["notarizedAtDestinationInMetaNonce"]
-        data["hyperblockHash"] = data["notarizedAtDestinationInMetaHash"]
-    return ok({"transaction": data})
-
-
-async def get_transaction_status(request: web.Request) -> web.Response:
-    record = _record(request)
-    if record is None:
-        return _not_found(request)
-    return ok({"status": record.reported()})
-
-
-async def get_process_status(request: web.Request) -> web.Response:
-    """As the proxy's computeTransactionStatus: `invalid` reads `fail`; a failure in the logs (`signalError`)
-    reads `fail` with the event's data as the reason; otherwise `success` once completed, else `pending`."""
-    record = _record(request)
-    if record is None:
-        return _not_found(request)
-    if record.status == "invalid":
-        return ok({"status": "fail", "reason": ""})
-    if record.status == "pending" or record.destination is None:
-        return ok({"status": "pending", "reason": ""})
-    if record.status == "fail":
-        events = record.outcome.events if record.outcome else []
-        error = next((e for e in events if e.identifier == "signalError"), None)
-        reason = (error.data[0] if error and error.data else record.reason.encode()).decode(
-            "utf-8", "replace"
-        )
-        return ok({"status": "fail", "reason": reason})
-    return ok({"status": "success", "reason": ""})
-
-
-async def get_pool(request: web.Request) -> web.Response:
-    chain = _chain(request)
-    by_sender = request.query.get("by-sender")
-    if not by_sender:
-        return fail("fetching the entire pool is not allowed")
-    try:
-        sender_pk = parse_address(by_sender).get_public_key()
-    except InvalidAddress:
-        return fail("cannot decode address")
-    records = chain.pool_of(sender_pk)
-    account = chain.world.peek(sender_pk)
-    account_nonce = account.nonce if account else 0
-    if request.query.get("last-nonce", "").lower() == "true":
-        nonce = max((r.tx.nonce for r in records), default=account_nonce - 1 if account_nonce else 0)
-        return ok({"nonce": nonce})
-    if request.query.get("nonce-gaps", "").lower() == "true":
-        gaps = []
-        expected = account_nonce
-        for nonce in sorted({r.tx.nonce for r in records}):
-            if nonce > expected:
-                gaps.append({"from": expected, "to": nonce - 1})
-            expected = max(expected, nonce + 1)
-        return ok({"nonceGaps": {"sender": by_sender, "gaps": gaps}})
-    fields = request.query.get("fields", "hash,nonce,sender,receiver,gaslimit,gasprice")
-    wanted = {f.strip().lower() for f in fields.split(",")}
-    return ok({"txPool": {"transactions": [{"txFields": _pool_fields(r, wanted)} for r in records]}})
-
-
-def _pool_fields(record: TxRecord, wanted: set[str]) -> dict[str, Any]:
-    tx = record.tx
-    everything: dict[str, Any] = {
-        "hash": record.hash,
-        "nonce": tx.nonce,
-        "sender": tx.sender.to_bech32(),
-        "receiver": tx.receiver.to_bech32(),
-        "gaslimit": tx.gas_limit,
-        "gasprice": tx.gas_price,
-        "value": str(tx.value),
-        "data": _b64(tx.data) if tx.data else "",
-        "signature": tx.signature.hex(),
-        "relayer": tx.relayer.to_bech32() if tx.relayer else "",
-        "relayersignature": tx.relayer_signature.hex(),
-        "guardian": tx.guardian.to_bech32() if tx.guardian else "",
-        "guardiansignature": tx.guardian_signature.hex(),
-    }
-    if "*" in wanted:
-        return everything
-    return {k: v for k, v in everything.items() if k in wanted}
-
-
-def _event_json(event: LogEvent) -> dict[str, Any]:
-    return {
-        "address": address_of(event.address).to_bech32(),
-        "identifier": event.identifier,
-        "topics": [_b64(t) for t in event.topics],
-        "data": _b64(event.data[0]) if event.data else None,
-        "additionalData": [_b64(d) for d in event.data] if event.data else None,
-    }
-
-
-def transaction_json(chain: LocalChain, record: TxRecord, *, with_results: bool) -> dict[str, Any]:
-    tx = record.tx
-    outcome = record.outcome
-    source, dest = record.source, record.destination
-    executed = dest if dest is not None else source
-    data: dict[str, Any] = {
-        "type": "normal",
-        "processingTypeOnSource": "SCInvoking" if tx.data else "MoveBalance",
-        "processingTypeOnDestination": "SCInvoking" if tx.data else "MoveBalance",
-        "hash": record.hash,
-        "nonce": tx.nonce,
-        "round": executed.round if executed else 0,
-        "epoch": executed.epoch if executed else chain.epoch,
-        "value": str(tx.value),
-        "receiver": tx.receiver.to_bech32(),
-        "sender": tx.sender.to_bech32(),
-        "gasPrice": tx.gas_price,
-        "gasLimit": tx.gas_limit,
-        "gasUsed": outcome.gas_used if outcome else tx.gas_limit,
-        "data": _b64(tx.data) if tx.data else None,
-        "signature": tx.signature.hex(),
-        "sourceShard": record.sender_shard,
-        "destinationShard": record.receiver_shard,
-        "blockNonce": executed.nonce if executed else 0,
-        "blockHash": executed.hash if executed else "",
-        "miniblockHash": executed.miniblock_hash if executed else "",
-        "notarizedAtSourceInMetaNonce": record.source_hyper.nonce if record.source_hyper else 0,
-        "NotarizedAtSourceInMetaHash": record.source_hyper.hash if record.source_hyper else "",
-        "notarizedAtDestinationInMetaNonce": record.destination_hyper.nonce
-        if record.destination_hyper
-        else 0,
-        "notarizedAtDestinationInMetaHash": record.destination_hyper.hash if record.destination_hyper else "",
-        "timestamp": executed.timestamp_ms // 1000 if executed else 0,
-        "timestampMs": executed.timestamp_ms if executed else 0,
-        "status": record.reported(),
-        "fee": str(outcome.fee) if outcome else "0",
-        "initiallyPaidFee": str(record.initially_paid_fee),
-        "chainID": tx.chain_id,
-        "version": tx.version,
-        "options": tx.options,
-        "isRelayed": chain.is_relayed(record),
-    }
-    if tx.relayer is not None:
-        data["relayerAddress"] = tx.relayer.to_bech32()
-        data["relayerSignature"] = tx.relayer_signature.hex()
-    if tx.guardian is not None:
-        data["guardian"] = tx.guardian.to_bech32()
-        data["guardianSignature"] = tx.guardian_signature.hex()
-    if record.status == "invalid" or record.failed_at_source:
-        data["receipt"] = {
-            "value": "0",
-            "sender": tx.sender.to_bech32(),
-            "data": record.reason,
-            "txHash": record.hash,
-        }
-    if with_results and outcome is not None:
-        data["smartContractResults"] = [
-            _scr_json(record, index, result) for index, result in enumerate(outcome.results)
-        ]
-        if outcome.events:
-            data["logs"] = {
-                "address": tx.sender.to_bech32(),
-                "events": [_event_json(e) for e in outcome.events],
-            }
-    return data
-
-
-def _scr_json(record: TxRecord, index: int, result: dict[str, Any]) -> dict[str, Any]:
-    tx = record.tx
-    return {
-        "hash": hashes_of(record.hash, index),
-        "nonce": tx.nonce + 1 if result.get("kind") == "refund" else 0,
-        "value": int(result.get("value", 0)),
-        "receiver": address_of(result["receiver"]).to_bech32(),
-        "sender": address_of(result["sender"]).to_bech32(),
-        "data": result.get("data", ""),
-        "prevTxHash": record.hash,
-        "originalTxHash": record.hash,
-        "gasLimit": 0,
-        "gasPrice": tx.gas_price,
-        "callType": 0,
-        "returnMessage": result.get("returnMessage", ""),
-        "originalSender": tx.sender.to_bech32(),
-    }
-
-
-def hashes_of(parent: str, index: int) -> str:
-    return hashlib.blake2b(f"{parent}:{index}".encode(), digest_size=32).hexdigest()
 
 
 # Blocks -----------------------------------------------------------------------------------------------
@@ -480,7 +182,7 @@ def _hyper_json(chain: LocalChain, hyper: HyperBlock, with_txs: bool = True) -> 
 
 
 async def hyperblock_by_nonce(request: web.Request) -> web.Response:
-    chain = _chain(request)
+    chain = chain_of(request)
     try:
         nonce = int(request.match_info["nonce"])
     except ValueError:
@@ -491,7 +193,7 @@ async def hyperblock_by_nonce(request: web.Request) -> web.Response:
 
 
 async def hyperblock_by_hash(request: web.Request) -> web.Response:
-    chain = _chain(request)
+    chain = chain_of(request)
     block = chain.block_index.get(request.match_info["hash"])
     if not isinstance(block, HyperBlock):
         return fail("block not found", status=500)
@@ -528,7 +230,7 @@ def _blocks_of(chain: LocalChain, shard: int) -> list[Any] | None:
 
 
 async def block_by_nonce(request: web.Request) -> web.Response:
-    chain = _chain(request)
+    chain = chain_of(request)
     try:
         shard, nonce = int(request.match_info["shard"]), int(request.match_info["nonce"])
     except ValueError:
@@ -544,7 +246,7 @@ async def block_by_nonce(request: web.Request) -> web.Response:
 
 
 async def block_by_hash(request: web.Request) -> web.Response:
-    chain = _chain(request)
+    chain = chain_of(request)
     try:
         shard = int(request.match_info["shard"])
     except ValueError:
@@ -559,7 +261,7 @@ async def block_by_hash(request: web.Request) -> web.Response:
 
 
 async def blocks_by_round(request: web.Request) -> web.Response:
-    chain = _chain(request)
+    chain = chain_of(request)
     try:
         round_ = int(request.match_info["round"])
     except ValueError:
@@ -571,8 +273,8 @@ async def blocks_by_round(request: web.Request) -> web.Response:
 
 # VM queries -------------------------------------------------------------------------------------------
 async def vm_query(request: web.Request) -> web.Response:
-    chain = _chain(request)
-    body = await _json_body(request)
+    chain = chain_of(request)
+    body = await json_body(request)
     if not isinstance(body, dict):
         return fail("invalid query")
     try:
@@ -590,7 +292,7 @@ async def vm_query(request: web.Request) -> web.Response:
     try:
         parts = account.contract.query(function, args, caller, chain.now_ms())
         data = {
-            "returnData": [_b64(p) for p in parts],
+            "returnData": [b64(p) for p in parts],
             "returnCode": "ok",
             "returnMessage": "",
             "gasRemaining": 0,

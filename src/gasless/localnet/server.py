@@ -28,7 +28,8 @@ from gasless.localnet.admin import (
     fault_middleware,
 )
 from gasless.localnet.chain import ChainConfig, LocalChain
-from gasless.localnet.gateway import CHAIN_KEY, add_routes
+from gasless.localnet.envelope import CHAIN_KEY
+from gasless.localnet.gateway import add_routes
 from gasless.localnet.genesis import Genesis, apply_genesis, genesis_facts, resume_genesis
 from gasless.localnet.persist import ChainStore, SavedChainError, config_difference
 from gasless.workers import cancel_and_wait, wait_event

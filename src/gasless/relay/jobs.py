@@ -5,10 +5,11 @@ tracker re-broadcasts until the chain settles the intent one way or the other: e
 or dead (its nonce was taken by a replacement or by another transaction of the sender, or the network
 dropped it as not executable).
 
-What the chain says is read as the real network says it (docs/chain.md): the node's `success` is not an
-outcome for a contract call (process-status decides it), `invalid` is an execution that cost the relayer a
-fee, finality comes from the hyperblock that notarized the transaction at its destination, and a
-transaction the sender-shard lookup cannot find is confirmed missing by a second source before it is dead.
+What the chain says (read in `relay/chain_reads`) is read as the real network says it (docs/chain.md): the
+node's `success` is not an outcome for a contract call (process-status decides it), `invalid` is an
+execution that cost the relayer a fee, finality comes from the hyperblock that notarized the transaction at
+its destination, and a transaction the sender-shard lookup cannot find is confirmed missing by a second
+source before it is dead.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ import structlog
 from sqlalchemy import ColumnElement, and_
 
 from gasless.chain.addresses import METACHAIN
-from gasless.chain.gateway import Broadcast, GatewayClient, GatewayRejected, GatewayUnavailable
+from gasless.chain.gateway import Broadcast, GatewayClient
 from gasless.chain.network import NetworkView
-from gasless.chain.outcomes import contract_failure, is_move_balance, process_reason
+from gasless.chain.outcomes import contract_failure, is_move_balance
 from gasless.db import intents
+from gasless.relay.chain_reads import UNREACHABLE, ChainReads
 from gasless.relay.events import IntentBus
 from gasless.relay.repository import IN_FLIGHT, IntentRepository, Rec
 from gasless.workers import cancel_and_wait, wait_event
@@ -42,13 +44,7 @@ RESYNC_MS = 2_000  # adopt intents committed by other hosts (and drop those they
 # hyperblock lists a transaction once it is notarized at its destination: one round after its block for a
 # same-shard one, three for a cross-shard one (included the round after its co-signature: four).
 LOOK_AFTER_ROUNDS = 5
-MAX_HYPERBLOCKS_PER_TICK = 10  # a tracker that fell behind (a slow gateway) catches up this many a tick
-MAX_HYPERBLOCKS_BEHIND = 200  # further behind than this, it jumps to the newest and the looks cover the gap
 REJECTION_RETENTION_MS = 30 * 86_400_000
-# A transaction the node dropped as not executable (a guarded relayer, a fee the relayer cannot cover, a
-# guardian mismatch) leaves the pool without a block. Unknown to the chain, absent from the pool and its
-# nonce unused for this many rounds, with a re-send in between that did not bring it back: it is dead.
-DROPPED_AFTER_ROUNDS = 8
 # A round's moves are written in transactions of at most this many intents. SQLite has one writer: every
 # commit point that arrives while a round's transaction runs waits for its end, and a round at half the
 # maximum load (hundreds of executions and finalizations) held it long enough to be the relays' p99.
@@ -187,13 +183,9 @@ class Tracker(Worker):
         self._tracked: dict[int, Rec] = {}
         self._next_check: dict[int, int] = {}
         self._hyper: dict[int, int] = {}  # executed intents whose notarizing hyperblock is known
-        # Intents the chain does not know and the pool does not hold: (first seen so, sends by then).
-        self._absent: dict[int, tuple[int, int]] = {}
+        self.reads = ChainReads(gateway, network)  # hyperblocks, looks, outcomes, absences
         broadcaster.on_update = self._refresh
         self._resynced_ms = 0
-        self._limit = asyncio.Semaphore(32)
-        self._hyper_cursor: int | None = None  # the next hyperblock to read
-        self._following = False  # the last hyperblock read succeeded
         self._meta_nonce: int | None = None  # the newest metachain block the network view has shown
         self._new_block = asyncio.Event()
         network.on_poll(self._on_network_poll)
@@ -209,7 +201,7 @@ class Tracker(Worker):
         # Executions are read from the hyperblocks (one read a block for every intent); while that works an
         # intent is looked at on its own only if it has not executed within a few rounds. Otherwise: a fresh
         # intent cannot be in a block before the next round, so look at it then.
-        wait_ms = max(1_000, LOOK_AFTER_ROUNDS * round_ms) if self._following else round_ms // 2
+        wait_ms = max(1_000, LOOK_AFTER_ROUNDS * round_ms) if self.reads.following else round_ms // 2
         self._next_check[int(row.pk)] = self.clock() + wait_ms
 
     @property
@@ -227,9 +219,9 @@ class Tracker(Worker):
 
     def lag_hyperblocks(self) -> int | None:
         """How many metachain blocks the network view has shown that the tracker has not read yet."""
-        if self._hyper_cursor is None or self._meta_nonce is None:
+        if self.reads.hyper_cursor is None or self._meta_nonce is None:
             return None
-        return max(0, self._meta_nonce - self._hyper_cursor + 1)
+        return max(0, self._meta_nonce - self.reads.hyper_cursor + 1)
 
     async def recover(self) -> int:
         """Orphan recovery at start-up: re-broadcast every co-signed row no gateway acknowledged."""
@@ -272,8 +264,8 @@ class Tracker(Worker):
             del self._next_check[pk]
         for pk in [pk for pk in self._hyper if pk not in self._tracked]:
             del self._hyper[pk]
-        for pk in [pk for pk in self._absent if pk not in self._tracked]:
-            del self._absent[pk]
+        for pk in [pk for pk in self.reads.absent if pk not in self._tracked]:
+            del self.reads.absent[pk]
         batch = _Batch()
         # Executed intents whose hyperblock is known become final without asking the gateway again.
         final = self.network.meta_highest_final_nonce
@@ -282,7 +274,7 @@ class Tracker(Worker):
         # Each intent is looked at about once per round: the chain cannot change faster than that.
         next_at = now + max(50, self.network.params.round_duration_ms)
         settled: list[tuple[Rec, dict[str, Any]]] = []
-        for pk, chain_tx in (await self._follow_hyperblocks()).items():
+        for pk, chain_tx in (await self.reads.hyperblocks(self._tracked)).items():
             row = self._tracked.get(pk)
             if row is None or pk in self._hyper:
                 continue
@@ -291,7 +283,7 @@ class Tracker(Worker):
                 continue
             self._next_check[pk] = next_at
             settled.append((row, chain_tx))
-        await self._outcomes(settled)
+        await self.reads.outcomes(settled)
         for row, chain_tx in settled:
             await self._decide(row, chain_tx, batch, now)
         due = [
@@ -302,57 +294,19 @@ class Tracker(Worker):
         for row in due:
             self._next_check[int(row.pk)] = next_at
         if due:
-            looked = await asyncio.gather(*(self._look(row) for row in due))
+            looked = await asyncio.gather(*(self.reads.look(row) for row in due))
             seen = [
                 (row, chain_tx)
                 for row, chain_tx in zip(due, looked, strict=True)
-                if chain_tx is not _UNREACHABLE
+                if chain_tx is not UNREACHABLE
             ]
-            await self._outcomes([(row, tx) for row, tx in seen if tx is not None])  # type: ignore[misc]
+            await self.reads.outcomes([(row, tx) for row, tx in seen if tx is not None])  # type: ignore[misc]
             for row, chain_tx in seen:
                 await self._decide(row, chain_tx, batch, now)  # type: ignore[arg-type]
         await self._commit(batch, now)
         # Only once the execution is stored: an intent waiting for its hyperblock is never looked at again,
         # so one whose write failed (the database dropped the connection) would wait for ever, unbilled.
         self._hyper.update((pk, hyper) for pk, hyper in batch.hyper.items() if pk in self._tracked)
-
-    async def _follow_hyperblocks(self) -> dict[int, dict[str, Any]]:
-        """The tracked intents the hyperblocks read since the last tick show as settled (pk -> the transaction
-        as the hyperblock lists it, with its coordinates). One read a block whatever the number of intents,
-        instead of one look per intent per round. A failed read leaves the cursor: it is read again next tick,
-        and meanwhile the per-intent looks (which never stop) see what it would have shown."""
-        meta = self.network.status(METACHAIN)
-        if meta is None:
-            return {}
-        newest = meta.nonce
-        if self._hyper_cursor is None or newest - self._hyper_cursor >= MAX_HYPERBLOCKS_BEHIND:
-            # Start (or a long gap) at the newest block: what executed before is found by the looks.
-            self._hyper_cursor = newest
-        by_hash = {row.tx_hash: pk for pk, row in self._tracked.items()} if self._tracked else {}
-        seen: dict[int, dict[str, Any]] = {}
-        last = min(newest, self._hyper_cursor + MAX_HYPERBLOCKS_PER_TICK - 1)
-        while self._hyper_cursor <= last:
-            try:
-                data = await self.gateway.get(f"/hyperblock/by-nonce/{self._hyper_cursor}")
-            except (GatewayUnavailable, GatewayRejected):
-                self._following = False
-                break
-            self._following = True
-            hyper = data.get("hyperblock") or {}
-            for chain_tx in hyper.get("transactions") or []:
-                pk = by_hash.get(chain_tx.get("hash"))
-                if pk is None or chain_tx.get("status") not in ("success", "fail", "invalid"):
-                    continue  # not ours, or a cross-shard transaction only notarized at its source
-                chain_tx = dict(chain_tx)
-                chain_tx["hyperblockNonce"] = chain_tx.get("hyperblockNonce") or self._hyper_cursor
-                chain_tx["blockNonce"] = chain_tx.get("blockNonce") or chain_tx["hyperblockNonce"]
-                if not chain_tx.get("timestampMs") and not chain_tx.get("timestamp"):
-                    chain_tx["timestampMs"] = (
-                        hyper.get("timestampMs") or int(hyper.get("timestamp") or 0) * 1000
-                    )
-                seen[pk] = chain_tx
-            self._hyper_cursor += 1
-        return seen
 
     async def _resync(self) -> None:
         """Adopt intents committed by other hosts (and drop those settled elsewhere): a light read of
@@ -367,51 +321,12 @@ class Tracker(Worker):
                 if row.state in IN_FLIGHT:
                     self._tracked[int(row.pk)] = row
 
-    async def _look(self, row: Rec) -> dict[str, Any] | None | object:
-        async with self._limit:
-            try:
-                return await self.gateway.transaction(row.tx_hash, sender=row.sender)
-            except (GatewayUnavailable, GatewayRejected):
-                return _UNREACHABLE
-
-    async def _outcomes(self, settled: list[tuple[Rec, dict[str, Any]]]) -> None:
-        """Each executed contract call's outcome, as the proxy's process-status works it out from the logs
-        and results (the node's `success` does not say it: a reverted call, or one still inside an async
-        call, reads `success`). Sets `_outcome` on the transaction (`success`, `fail`, or None: not decided
-        yet, ask again next round) and `_failure` on a failure. A transfer (no data) needs no question."""
-
-        async def one(row: Rec, chain_tx: dict[str, Any]) -> None:
-            async with self._limit:
-                try:
-                    status, reason = await self.gateway.process_status(row.tx_hash)
-                except (GatewayUnavailable, GatewayRejected):
-                    chain_tx["_outcome"] = None
-                    return
-                if status == "fail":
-                    failure = contract_failure(chain_tx)
-                    if failure is None and not chain_tx.get("logs"):  # a hyperblock's listing has no logs
-                        try:
-                            full = await self.gateway.transaction(row.tx_hash)
-                        except (GatewayUnavailable, GatewayRejected):
-                            full = None
-                        failure = contract_failure(full) if full else None
-                    chain_tx["_failure"] = failure or process_reason(reason) or "failed on chain"
-            chain_tx["_outcome"] = status if status in ("success", "fail") else None
-
-        wanted = [
-            (row, chain_tx)
-            for row, chain_tx in settled
-            if chain_tx.get("status") == "success" and not is_move_balance(chain_tx)
-        ]
-        if wanted:
-            await asyncio.gather(*(one(row, chain_tx) for row, chain_tx in wanted))
-
     async def _decide(self, row: Rec, chain_tx: dict[str, Any] | None, batch: _Batch, now: int) -> None:
         """What the chain says about one intent, as changes added to this round's batch."""
         status = chain_tx.get("status") if chain_tx else None
         block_nonce = int(chain_tx.get("blockNonce") or 0) if chain_tx else 0
         if chain_tx is not None and status in ("success", "fail", "invalid") and block_nonce > 0:
-            self._absent.pop(int(row.pk), None)
+            self.reads.absent.pop(int(row.pk), None)
             if status == "invalid":
                 # In an invalid miniblock: the nonce is used and the relayer paid the fee, so the relay is
                 # billed as a failed execution (docs/billing.md).
@@ -443,10 +358,10 @@ class Tracker(Worker):
         age = now - int(row.cosigned_at_ms)
         last_sent = int(row.last_sent_at_ms or row.cosigned_at_ms)
         if chain_tx is None:
-            missing = await self._missing(row, now)
+            missing = await self.reads.missing(row, now, self._with_wire)
             if isinstance(missing, dict):  # the second source found it: decide on what it says
                 if missing.get("status") in ("success", "fail", "invalid"):
-                    await self._outcomes([(row, missing)])
+                    await self.reads.outcomes([(row, missing)])
                     await self._decide(row, missing, batch, now)
                     return
             elif missing is not None:
@@ -456,7 +371,7 @@ class Tracker(Worker):
                 batch.dead(row, f"not included within {self.give_up_ms} ms", now)
                 return
         else:
-            self._absent.pop(int(row.pk), None)
+            self.reads.absent.pop(int(row.pk), None)
         # Re-send: quickly while no gateway acknowledged, slowly while the chain does not know the hash;
         # never while a send of this intent is still waiting for its answer.
         due = 1_000 if row.state == "COSIGNED" else self.rebroadcast_ms
@@ -477,64 +392,6 @@ class Tracker(Worker):
                 return None
             row = row._replace(tx=fresh.tx)
         return row
-
-    async def _missing(self, row: Rec, now: int) -> dict[str, Any] | str | None:
-        """The sender-shard lookup does not know the transaction. Returns the transaction when a second
-        source knows it after all, the reason it is dead, or None (not decided: keep sending).
-
-        - The sender's nonce moved past ours: taken by another transaction, unless the lookup without
-          `sender` finds ours (on the `sender` path the proxy answers any failure of the sender shard's
-          history nodes as 404 "transaction not found").
-        - The nonce did not move and the pool does not hold it, for DROPPED_AFTER_ROUNDS rounds and a
-          re-send: the node dropped it as not executable."""
-        try:
-            account = await self.gateway.account(row.sender)
-        except (GatewayUnavailable, GatewayRejected):
-            return None
-        if int(account.get("nonce", 0)) > int(row.nonce):
-            self._absent.pop(int(row.pk), None)
-            try:
-                again = await self.gateway.transaction(row.tx_hash)  # without `sender`: every shard's nodes
-            except (GatewayUnavailable, GatewayRejected):
-                return None
-            return again if again is not None else "nonce used by another transaction of the sender"
-        if row.state != "BROADCAST":
-            return None  # never acknowledged: a gateway may simply not have it yet
-        try:
-            pool = await self.gateway.pool_for_sender(row.sender, fields="hash")
-        except (GatewayUnavailable, GatewayRejected):
-            return None
-        pk = int(row.pk)
-        if any(entry.get("hash") == row.tx_hash for entry in pool):
-            self._absent.pop(pk, None)
-            return None
-        first_ms, sends = self._absent.setdefault(pk, (now, int(row.send_attempts)))
-        rounds = (now - first_ms) / max(1, self.network.params.round_duration_ms)
-        if rounds < DROPPED_AFTER_ROUNDS or int(row.send_attempts) <= sends:
-            return None
-        return "dropped by the network without execution: " + await self._why_dropped(row)
-
-    async def _why_dropped(self, row: Rec) -> str:
-        """Which of the node's "not executable" rules it met, as far as the accounts tell now."""
-        full = await self._with_wire(row)
-        wire: dict[str, Any] = dict(full.tx) if full is not None else {}
-        relayer = wire.get("relayer")
-        try:
-            if relayer:
-                guardian = await self.gateway.guardian_data(relayer)
-                if guardian.get("guarded"):
-                    return "the relayer is a guarded account"
-                account = await self.gateway.account(relayer)
-                fee = int(wire.get("gasLimit") or 0) * int(wire.get("gasPrice") or 0)
-                if int(account.get("balance") or 0) < fee:
-                    return "the relayer cannot cover the fee"
-            sender_guardian = await self.gateway.guardian_data(row.sender)
-            active = (sender_guardian.get("activeGuardian") or {}).get("address")
-            if sender_guardian.get("guarded") and active != wire.get("guardian"):
-                return "the transaction's guardian is not the account's"
-        except (GatewayUnavailable, GatewayRejected, ValueError, TypeError):
-            pass
-        return "not executable (it left the pool without a block)"
 
     def _rivals_of(self, winner: Rec, batch: _Batch, now: int) -> None:
         """The executed intent took the slot: every other in-flight intent of that nonce is dead. Rivals
@@ -586,9 +443,6 @@ class Tracker(Worker):
             self._tracked.pop(int(row.pk), None)
             self._hyper.pop(int(row.pk), None)
         self.bus.publish(row)
-
-
-_UNREACHABLE = object()  # no gateway answered this round's look at an intent
 
 
 def _updated(old: Rec, fresh: Rec) -> Rec:

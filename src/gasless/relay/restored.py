@@ -18,7 +18,11 @@ the start-up (`gasless.startup`) runs `RestoreReconciler`, once per restore:
 3. the hyperblocks keep being read until the chain has shown no such unknown transaction for a quiet
    window (the signer fence's TTL, at least QUIET_ROUNDS rounds): a transaction co-signed by our relayers
    that this database does not know, appearing now, means a host of the old database still co-signs. The
-   host then stays unready and does not sign (`/readyz` says why), until that host stops.
+   host then stays unready and does not sign (`/readyz` says why), until that host stops;
+4. the settlement batches the contract holds beyond the snapshot's last one (read with `getSettlement` and
+   from the `settleUsage` transactions of the hyperblocks read) are reconciled with the usage ledger
+   (gasless.settlement.restored): matched rows are marked settled, the rows an unmatched batch may cover are
+   held. Until the marker says `reconciled` the settlement worker builds and submits nothing.
 
 Then the marker's state becomes `reconciled` with what was found, and the host starts as any other.
 """
@@ -40,10 +44,11 @@ from gasless.chain.codec import WireError, signing_bytes, tx_from_wire, tx_hash,
 from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
 from gasless.db import begin_write, dialect_insert, intents, service_meta
+from gasless.settlement.restored import SettlementReconciler, is_settle_call
 
 log = structlog.get_logger("gasless.relay.restored")
 
-MARKER_KEY = "restore"  # gasless.db.backup.RESTORE_KEY
+MARKER_KEY = "restore"  # gasless.db.restore.RESTORE_KEY
 QUIET_ROUNDS = 5
 SCAN_CONCURRENCY = 8
 LOOK_CONCURRENCY = 16
@@ -116,6 +121,7 @@ class RestoreReconciler:
         host_id: str,
         quiet_ms: int,
         report: Callable[[str], None] = lambda _: None,
+        settlement: SettlementReconciler | None = None,
     ) -> None:
         self.engine = engine
         self.gateway = gateway
@@ -124,6 +130,8 @@ class RestoreReconciler:
         self.host_id = host_id
         self.quiet_ms = quiet_ms
         self.report = report  # the readiness check's `restore` text while it runs
+        self.settlement = settlement  # step 4 (None: no billing contract configured)
+        self._settle_txs: list[str] = []  # settleUsage transactions the hyperblocks read list
         self._recovered: list[str] = []  # hashes recovered as intents
         self._not_rebuilt: list[dict[str, Any]] = []
         self._latest_unknown_ts = 0  # the newest block (chain time) holding a co-signature we did not know
@@ -145,6 +153,7 @@ class RestoreReconciler:
         newest = await self._newest()
         start = int(point["finalHyperblock"]) if point.get("finalHyperblock") is not None else newest
         self._recovered, self._not_rebuilt, self._latest_unknown_ts = [], [], 0
+        self._settle_txs = []
         scanned_ts = await self._scan(start, newest, restore_id, catching_up=True)
         cursor = newest + 1
         watch_from = scanned_ts
@@ -173,6 +182,9 @@ class RestoreReconciler:
             else:
                 left = max(watch_from, self._latest_unknown_ts) + self.quiet_ms - scanned_ts
                 self.report(f"restore: watching the chain for other co-signers ({max(0, left)} ms left)")
+        if self.settlement is not None:
+            self.report("restore: reconciling the settlement batches with the contract")
+            marker["settlement"] = await self.settlement.run(marker, self._settle_txs)
         marker.update(
             state="reconciled",
             reconciledAtMs=now_ms(),
@@ -274,6 +286,8 @@ class RestoreReconciler:
                 block_ts = _block_ts_ms(block)
                 newest_ts = max(newest_ts, block_ts)
                 for chain_tx in block.get("transactions") or []:
+                    if self.settlement is not None and is_settle_call(chain_tx, self.settlement.contract):
+                        self._settle_txs.append(str(chain_tx["hash"]))
                     if relayer_of(chain_tx) not in self.relayers or not chain_tx.get("hash"):
                         continue
                     listed = {**chain_tx, "_blockTsMs": _block_ts_ms(chain_tx) or block_ts}

@@ -1,19 +1,19 @@
-"""Owner-signed billing-contract calls sent through the service's gateway path (settlement, `gasless admin`)."""
+"""Owner-signed billing-contract calls sent through the service's gateway path (settlement, `gasless admin`).
+The owner key is an `OwnerSigner` (gasless.signer.owner): a PEM file or a key in the PKCS#11 token."""
 
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
-from multiversx_sdk import UserPEM, UserSecretKey
-
 from gasless.chain.abi import load_billing_abi
-from gasless.chain.addresses import address_of, parse_address
+from gasless.chain.addresses import parse_address
 from gasless.chain.calls import contract_call
 from gasless.chain.codec import signing_bytes
 from gasless.chain.gateway import GatewayClient
 from gasless.chain.outcomes import contract_failure, process_reason
+from gasless.signer.base import SignerError
+from gasless.signer.owner import OwnerSigner
 
 OWNER_GAS = 20_000_000
 MAX_GAS = 600_000_000
@@ -23,22 +23,20 @@ class OwnerCallError(RuntimeError):
     pass
 
 
-def load_owner_key(path: Path) -> UserSecretKey:
-    return UserPEM.from_file(Path(path)).secret_key
-
-
 class OwnerTransactor:
-    """Signs calls with the contract owner's key and broadcasts them to every gateway."""
+    """Signs calls with the contract owner's key (wherever it is held) and broadcasts them to every
+    gateway."""
 
-    def __init__(self, gateway: GatewayClient, key: UserSecretKey, contract: str, chain_id: str) -> None:
+    def __init__(self, gateway: GatewayClient, signer: OwnerSigner, contract: str, chain_id: str) -> None:
         self.gateway = gateway
-        self.key = key
+        self.signer = signer
         self.contract = contract
         self.chain_id = chain_id
-        self.address = address_of(key.generate_public_key().buffer)
+        self.address = signer.address
 
     async def send(self, function: str, arguments: list[Any], *, gas_limit: int = OWNER_GAS) -> str:
-        """Sign and broadcast; returns the transaction hash (OwnerCallError when no gateway accepted it)."""
+        """Sign and broadcast; returns the transaction hash (OwnerCallError when the key could not sign or
+        no gateway accepted it)."""
         account = await self.gateway.account(self.address.to_bech32())
         tx = contract_call(
             abi=load_billing_abi(),
@@ -50,7 +48,10 @@ class OwnerTransactor:
             gas_limit=min(gas_limit, MAX_GAS),
             nonce=int(account.get("nonce", 0)),
         )
-        tx.signature = self.key.sign(signing_bytes(tx))
+        try:
+            tx.signature = await self.signer.sign(signing_bytes(tx))
+        except SignerError as exc:  # a token that cannot sign now: nothing was sent
+            raise OwnerCallError(f"{function} was not signed: {exc}") from exc
         ack = await self.gateway.broadcast(tx.to_dictionary()).first_ack
         if not ack.ok or ack.tx_hash is None:
             raise OwnerCallError(f"{function} was not accepted: {ack.error}")

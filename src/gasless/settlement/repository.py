@@ -7,12 +7,14 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-from sqlalchemy import and_, func, select, update
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import and_, func, not_, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.elements import ColumnElement
 
 from gasless.chain.addresses import parse_address
 from gasless.db.engine import begin_write, run_read
-from gasless.db.tables import settlement_batches, usage_ledger
+from gasless.db.restore import RESTORE_KEY
+from gasless.db.tables import service_meta, settlement_batches, usage_ledger
 from gasless.settlement.merkle import LeafRow, leaf_hash, merkle_path, merkle_root
 
 _ZERO32 = bytes(32)
@@ -49,6 +51,33 @@ def leaf_row(row: Any, batch_id: int, leaf_index: int) -> LeafRow:
     )
 
 
+class SettlementHeld(RuntimeError):
+    """A restored database whose settlement is not reconciled with the contract yet: nothing is built."""
+
+
+def held(hold: dict[str, Any]) -> ColumnElement[bool]:
+    """The usage rows a restore's settlement hold keeps out of every batch (gasless.settlement.restored): rows
+    of the snapshot's intents that executed before the newest batch on chain the restore could not match."""
+    return and_(
+        usage_ledger.c.intent_pk <= int(hold["maxIntentPk"]),
+        or_(
+            usage_ledger.c.executed_block_ts_ms.is_(None),
+            usage_ledger.c.executed_block_ts_ms < int(hold["executedBeforeMs"]),
+        ),
+    )
+
+
+def active_hold(marker: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The settlement hold of a restore marker, unless released (None: no hold)."""
+    hold = ((marker or {}).get("settlement") or {}).get("hold")
+    return hold if isinstance(hold, dict) and not hold.get("releasedAtMs") else None
+
+
+async def restore_marker(conn: AsyncConnection) -> dict[str, Any] | None:
+    value = await conn.scalar(select(service_meta.c.value).where(service_meta.c.key == RESTORE_KEY))
+    return dict(value) if isinstance(value, dict) else None
+
+
 @dataclass(frozen=True)
 class BuiltBatch:
     batch_id: int
@@ -66,12 +95,21 @@ class SettlementRepository:
         """Take the billed, unsettled rows (oldest first) into a new batch: ids, leaf indexes, root."""
         now = _now_ms()
         async with begin_write(self.engine) as conn:
+            marker = await restore_marker(conn)
+            if marker is not None and marker.get("state") == "pending":
+                raise SettlementHeld(
+                    "the database is a restore not reconciled with the chain yet: start a host on it first"
+                )
+            unsettled = and_(usage_ledger.c.billed.is_(True), usage_ledger.c.batch_id.is_(None))
+            hold = active_hold(marker)
+            if hold is not None:
+                unsettled = and_(unsettled, not_(held(hold)))
             last = await conn.scalar(select(func.max(settlement_batches.c.batch_id)))
             batch_id = int(last or 0) + 1
             rows = (
                 await conn.execute(
                     select(usage_ledger)
-                    .where(and_(usage_ledger.c.billed.is_(True), usage_ledger.c.batch_id.is_(None)))
+                    .where(unsettled)
                     .order_by(usage_ledger.c.terminal_at_ms, usage_ledger.c.tx_hash)
                     .limit(max_rows)
                 )
@@ -111,6 +149,12 @@ class SettlementRepository:
             SimpleNamespace(account=parse_address(account), ru=ru, payg_micro=micro)
             for account, (ru, micro) in sorted(per_account.items())
         ]
+
+    async def restore_pending(self) -> bool:
+        """True while the database is a restore its first host has not reconciled with the chain yet."""
+        async with self.engine.connect() as conn:
+            marker = await restore_marker(conn)
+        return marker is not None and marker.get("state") == "pending"
 
     async def batch(self, batch_id: int) -> dict[str, Any] | None:
         async with self.engine.connect() as conn:

@@ -6,6 +6,10 @@ the owner key sign `settleUsage(batch_id, usage_root, row_count, total_ru, charg
 gateways. The batch is `submitted` then; the contract mirror marks it `committed` when the `usageSettled`
 event is final. A batch left `built` or `submitted` by a crash or a failed transaction is submitted again
 (with the same root, rows and charges) unless the contract already holds it.
+
+On a restored database the worker neither builds nor submits until its first host has reconciled the
+settlement batches with the contract (gasless.settlement.restored); the rows that reconciliation holds are
+left out of every batch (gasless.settlement.repository.held).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ class SettlementWorker:
         self._wake = asyncio.Event()
         self._started_ms = _now_ms()
         self._lock = asyncio.Lock()
+        self._restore_cleared = False  # the database is no restore waiting for its reconciliation
         # Called with the kind of each failure (metrics): `send` (settleUsage not sent), `execution`
         # (sent, did not execute: resubmitted), `root_conflict`, `tick` (anything else).
         self.on_failure: Callable[[str], None] | None = None
@@ -99,6 +104,8 @@ class SettlementWorker:
     async def tick(self, *, force: bool = False) -> int | None:
         """Finish unfinished batches; build a new one when due (or forced). Returns a new batch's id."""
         async with self._lock:
+            if not await self._cleared():
+                return None
             for batch in await self.repo.unfinished():
                 await self._finish(batch)
             if not force and _now_ms() < await self.next_due_ms():
@@ -109,6 +116,15 @@ class SettlementWorker:
             )
             await self._submit(built)
             return built.batch_id
+
+    async def _cleared(self) -> bool:
+        """False while the database is a restore not reconciled with the contract yet (read until it is)."""
+        if not self._restore_cleared:
+            if await self.repo.restore_pending():
+                log.info("settlement.waiting_for_restore_reconciliation")
+                return False
+            self._restore_cleared = True
+        return True
 
     async def _finish(self, batch: dict[str, Any]) -> None:
         batch_id = int(batch["batch_id"])
