@@ -124,6 +124,7 @@ intents = Table(
 )
 Index(None, intents.c.state, intents.c.updated_at_ms)
 Index(None, intents.c.sender, intents.c.state)
+Index(None, intents.c.cosigned_at_ms)  # the status page's availability by day (status/repository.py)
 
 # Logical idempotency keys (`Idempotency-Key` / `intentKey`), per sender, kept 86 400 000 ms.
 intent_keys = Table(

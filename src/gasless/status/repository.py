@@ -12,15 +12,44 @@ from gasless.db.tables import incidents, intents, rejections
 DAY_MS = 86_400_000
 
 
+# A day's outcomes are final once it ended this long ago (a co-signed intent is broadcast, or found never
+# broadcast by recovery, within minutes); such days are counted once per host and kept.
+SETTLED_AFTER_MS = DAY_MS
+
+
 class StatusRepository:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        # {day start: [good, bad]} of the days that can no longer change, for the window and senders in the key.
+        self._settled: dict[int, list[int]] = {}
+        self._settled_key: tuple[int, int, tuple[str, ...]] | None = None
 
     async def outcomes_by_day(
-        self, from_ms: int, exclude_senders: tuple[str, ...] = ()
+        self, from_ms: int, exclude_senders: tuple[str, ...] = (), now_ms: int | None = None
     ) -> dict[int, list[int]]:
         """day start -> [good, bad]: co-signed intents that were broadcast (good) or never were (bad), and
-        refusals before the commit point: a 4xx is a correct answer (good), a 5xx is not (bad)."""
+        refusals before the commit point: a 4xx is a correct answer (good), a 5xx is not (bad).
+
+        With `now_ms`, the days that ended more than SETTLED_AFTER_MS before it are read once and kept; each
+        later call reads only the days since, a range of the co-signature time's index, so a database holding
+        millions of intents costs the status page what its last two days hold."""
+        if now_ms is None:
+            return await self._count(from_ms, None, exclude_senders)
+        settled_until = max(from_ms, (now_ms - SETTLED_AFTER_MS) // DAY_MS * DAY_MS)
+        key = (from_ms, settled_until, exclude_senders)
+        if self._settled_key != key:  # once a day: the window moved
+            self._settled = await self._count(from_ms, settled_until, exclude_senders)
+            self._settled_key = key
+        days = {day: list(counts) for day, counts in self._settled.items()}
+        for day, (good, bad) in (await self._count(settled_until, None, exclude_senders)).items():
+            totals = days.setdefault(day, [0, 0])
+            totals[0] += good
+            totals[1] += bad
+        return days
+
+    async def _count(
+        self, from_ms: int, to_ms: int | None, exclude_senders: tuple[str, ...]
+    ) -> dict[int, list[int]]:
         days: dict[int, list[int]] = {}
         # Literal constants: PostgreSQL matches a GROUP BY expression to the select list's only when they are
         # the same text (two bind parameters of the same value are not).
@@ -28,17 +57,22 @@ class StatusRepository:
         intent_day = (intents.c.cosigned_at_ms / day_ms).cast(type_=intents.c.nonce.type)
         reject_day = (rejections.c.received_at_ms / day_ms).cast(type_=rejections.c.nonce.type)
         correct = rejections.c.status < literal_column("500")
+        intent_range = [intents.c.cosigned_at_ms >= from_ms]
+        reject_range = [rejections.c.received_at_ms >= from_ms]
+        if to_ms is not None:
+            intent_range.append(intents.c.cosigned_at_ms < to_ms)
+            reject_range.append(rejections.c.received_at_ms < to_ms)
         async with self.engine.connect() as conn:
             intent_rows = await conn.execute(
                 select(intent_day, intents.c.broadcast_at_ms.is_not(None), func.count())
-                .where(intents.c.cosigned_at_ms >= from_ms, intents.c.sender.not_in(exclude_senders))
+                .where(*intent_range, intents.c.sender.not_in(exclude_senders))
                 .group_by(intent_day, intents.c.broadcast_at_ms.is_not(None))
             )
             for day, broadcast, count in intent_rows:
                 days.setdefault(int(day) * DAY_MS, [0, 0])[0 if broadcast else 1] += int(count)
             reject_rows = await conn.execute(
                 select(reject_day, correct, func.count())
-                .where(rejections.c.received_at_ms >= from_ms, rejections.c.sender.not_in(exclude_senders))
+                .where(*reject_range, rejections.c.sender.not_in(exclude_senders))
                 .group_by(reject_day, correct)
             )
             for day, correct, count in reject_rows:

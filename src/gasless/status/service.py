@@ -177,7 +177,7 @@ class StatusService:
     async def availability(self, now: int) -> tuple[list[AvailabilityDay], float | None]:
         today = now // DAY_MS * DAY_MS
         start = today - 89 * DAY_MS
-        outcomes = await self.repo.outcomes_by_day(start, self.excluded_senders())
+        outcomes = await self.repo.outcomes_by_day(start, self.excluded_senders(), now_ms=now)
         touching = await self.repo.incidents_between(start, today + DAY_MS)
         days = []
         for index in range(90):

@@ -1,0 +1,90 @@
+"""The status page's availability over a history: a host started on a database holding intents co-signed on
+earlier days (written as the service writes them) counts each on its day, the 30-day figure appears once the
+first activity is 30 days old, and the recent days are read afresh on every request while the settled ones
+are read once per day (status/repository.py): a new intent of yesterday shows at once."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from pathlib import Path
+from typing import Any
+
+from multiversx_sdk import UserSecretKey
+from sqlalchemy import create_engine, insert
+
+from gasless.chain.addresses import address_of, shard_of
+from gasless.db.migrate import upgrade
+from gasless.db.tables import intents
+
+DAY_MS = 86_400_000
+
+
+def _intent(url: str, sender: str, nonce: int, cosigned_at_ms: int, broadcast: bool) -> None:
+    tx_hash = hashlib.sha256(f"{sender}:{nonce}".encode()).hexdigest()
+    engine = create_engine(url.replace("+aiosqlite", ""))
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                insert(intents).values(
+                    sender=sender,
+                    nonce=nonce,
+                    slot_seq=0,
+                    tx_hash=tx_hash,
+                    bytes_sha256=hashlib.sha256(tx_hash.encode()).hexdigest(),
+                    state="FINALIZED" if broadcast else "DEAD",
+                    seq=1,
+                    sender_shard=shard_of(sender),
+                    receiver=sender,
+                    relayer=sender,
+                    cross_shard=False,
+                    gas_limit=50_000,
+                    gas_price=1_000_000_000,
+                    value_atto=0,
+                    lease_kind="std",
+                    billing={},
+                    tx={},
+                    host_id="old",
+                    received_at_ms=cosigned_at_ms - 5,
+                    cosigned_at_ms=cosigned_at_ms,
+                    broadcast_at_ms=cosigned_at_ms + 5 if broadcast else None,
+                    updated_at_ms=cosigned_at_ms + 5,
+                    send_attempts=1 if broadcast else 0,
+                )
+            )
+    finally:
+        engine.dispose()
+
+
+def _days(env: Any) -> tuple[dict[int, Any], Any]:
+    answer = env.client.get("/v1/status")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    return {d["dayStartMs"]: d["availabilityPct"] for d in body["availabilityDaily90"]}, body[
+        "availability30d"
+    ]
+
+
+def test_availability_counts_earlier_days_and_reads_recent_ones_afresh(tmp_path: Path, make_env: Any) -> None:
+    url = f"sqlite+aiosqlite:///{(tmp_path / 'api.db').as_posix()}"  # the database the env's host opens
+    asyncio.run(upgrade(url))
+    sender = address_of(UserSecretKey.generate().generate_public_key().buffer).to_bech32()
+    today = int(time.time() * 1000) // DAY_MS * DAY_MS
+    old, recent = today - 40 * DAY_MS, today - 3 * DAY_MS
+    for nonce, broadcast in enumerate((True, True, True, False)):  # 3 of 4 on day -40
+        _intent(url, sender, nonce, old + 3_600_000 + nonce, broadcast)
+    _intent(url, sender, 10, recent + 3_600_000, True)
+    _intent(url, sender, 11, recent + 3_600_001, False)  # 1 of 2 on day -3
+    env = make_env(database_url=url)
+
+    days, overall = _days(env)
+    assert days[old] == 75.0 and days[recent] == 50.0
+    assert days[today - DAY_MS] is None
+    assert overall == 50.0  # the last 30 days: day -3 only (first activity 40 days ago)
+
+    _intent(url, sender, 20, today - DAY_MS + 60_000, False)  # yesterday: not settled yet
+    days, overall = _days(env)
+    assert days[today - DAY_MS] == 0.0  # read afresh
+    assert days[old] == 75.0 and days[recent] == 50.0  # the settled days, kept
+    assert overall == round(100.0 * 1 / 3, 3)
