@@ -216,7 +216,9 @@ class Seeder:
         copy.create(conn)
         conn.execute(copy.insert().values(**{k: v for k, v in row.items() if k in copy.c}))
 
-    def _clone(self, table: str, overrides: dict[str, str], numbers: str) -> str:
+    def _clone(self, table: str, overrides: dict[str, str], first: int, last: int, idx: str) -> str:
+        """INSERT of rows first..last of `table`: the template's values but for `overrides`, the sender
+        (`s`) chosen by `idx`."""
         from gasless.db.tables import metadata as service_metadata
 
         columns = [c.name for c in service_metadata.tables[table].columns]
@@ -224,8 +226,9 @@ class Seeder:
         chosen = [c for c in columns if c in overrides or c in template_columns]
         exprs = [overrides.get(c, f"t.{c}") for c in chosen]
         return (
-            f"INSERT INTO {table} ({', '.join(chosen)}) SELECT {', '.join(exprs)} FROM {numbers} "
-            f"JOIN seed_senders s ON s.idx = {{idx}} CROSS JOIN seed_tpl_{table} t"
+            f"INSERT INTO {table} ({', '.join(chosen)}) SELECT {', '.join(exprs)} "
+            f"FROM {self.numbers(str(first), str(last))} "
+            f"JOIN seed_senders s ON s.idx = {idx} CROSS JOIN seed_tpl_{table} t"
         )
 
     def _intents_sql(self, first: int, last: int, count: int, heavy: int, now_ms: int) -> str:
@@ -248,8 +251,7 @@ class Seeder:
             "last_sent_at_ms": f"{at} - 30",
             "updated_at_ms": f"{at} + 1200",
         }
-        sql = self._clone("intents", overrides, self.numbers(str(first), str(last)))
-        return sql.replace("{idx}", self.sender_idx(heavy))
+        return self._clone("intents", overrides, first, last, self.sender_idx(heavy))
 
     def _reservations_sql(self, first: int, last: int, count: int, heavy: int, now_ms: int) -> str:
         at = self.time_of(count, now_ms)
@@ -260,8 +262,7 @@ class Seeder:
             "created_at_ms": f"{at} - 35",
             "updated_at_ms": f"{at} + 1200",
         }
-        sql = self._clone("reservations", overrides, self.numbers(str(first), str(last)))
-        return sql.replace("{idx}", self.sender_idx(heavy))
+        return self._clone("reservations", overrides, first, last, self.sender_idx(heavy))
 
     def _usage_sql(self, first: int, last: int, count: int, heavy: int, now_ms: int) -> str:
         at = self.time_of(count, now_ms)
@@ -282,8 +283,7 @@ class Seeder:
             "leaf_index": "NULL",
             "created_at_ms": f"{at} + 1200",
         }
-        sql = self._clone("usage_ledger", overrides, self.numbers(str(first), str(last)))
-        return sql.replace("{idx}", self.sender_idx(heavy))
+        return self._clone("usage_ledger", overrides, first, last, self.sender_idx(heavy))
 
     def _deliveries_sql(self, first: int, last: int, count: int, heavy: int, now_ms: int) -> str:
         at = self.time_of(count // 10, now_ms)
@@ -297,8 +297,7 @@ class Seeder:
             "next_attempt_at_ms": at,
             "completed_at_ms": f"{at} + 300",
         }
-        sql = self._clone("webhook_deliveries", overrides, self.numbers(str(first), str(last)))
-        return sql.replace("{idx}", f"(1 + n.i % {OTHER_SENDERS})")
+        return self._clone("webhook_deliveries", overrides, first, last, f"(1 + n.i % {OTHER_SENDERS})")
 
     def _notices_sql(self, first: int, last: int, count: int, heavy: int, now_ms: int) -> str:
         at = self.time_of(count // 100, now_ms)
@@ -309,8 +308,7 @@ class Seeder:
             "created_at_ms": at,
             "dispatched_at_ms": f"{at} + 100",
         }
-        sql = self._clone("notices", overrides, self.numbers(str(first), str(last)))
-        return sql.replace("{idx}", f"(1 + n.i % {OTHER_SENDERS})")
+        return self._clone("notices", overrides, first, last, f"(1 + n.i % {OTHER_SENDERS})")
 
 
 async def template_rows(

@@ -644,7 +644,8 @@ def test_settlement_batches_landed_after_the_backup_are_never_settled_again(
     assert sorted(section["matched"] + section["unmatched"]) == beyond, section
     if section["unmatched"]:
         assert section["hold"]["batches"] == section["unmatched"], section
-        assert report["held"] is not None
+        # Every row held at reconciliation is still held (intents in flight at the backup may add more).
+        assert len(report["held"]) >= section["heldRowsAtReconciliation"], (report["held"], section)
     else:
         assert section["hold"] is None and report["held"] == []
     # The restored host numbered its batches after the old host's, and none was refused or failed.
