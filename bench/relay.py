@@ -159,6 +159,32 @@ def same_shard_receiver(sender: Any) -> Any:
             return receiver
 
 
+async def assign(session: aiohttp.ClientSession, api: str, key: UserSecretKey) -> dict[str, Any]:
+    """An assignment for `key`'s address, proven by a presence signature; a 429 waits as told."""
+    sender = address_of(key.generate_public_key().buffer).to_bech32()
+    server_time_ms: int | None = None
+    while True:  # assignments are limited to 10/s per IP: honour Retry-After
+        now = server_time_ms or int(time.time() * 1000)
+        proof = {
+            "kind": "key",
+            "serverTimeMs": now,
+            "signature": key.sign(presence_message("localnet", sender, now)).hex(),
+        }
+        async with session.post(f"{api}/v1/relay/assign", json={"sender": sender, "proof": proof}) as resp:
+            assignment = await resp.json()
+        if resp.status == 429:
+            await asyncio.sleep(assignment["details"]["retryAfterMs"] / 1000)
+            continue
+        if assignment.get("code") == "ASSIGN_PROOF_INVALID" and server_time_ms is None:
+            # A server on another clock (bench/instructions.py slows it): sign its own time, as a
+            # client does with the serverTimeMs the refusal carries.
+            server_time_ms = assignment["details"]["serverTimeMs"]
+            continue
+        if resp.status != 200:
+            raise RuntimeError(f"assign failed: {assignment}")
+        return assignment
+
+
 async def prepare(
     session: aiohttp.ClientSession,
     apis: list[str],
@@ -172,28 +198,7 @@ async def prepare(
     for index, key in enumerate(senders):
         api = apis[index % len(apis)]
         sender = address_of(key.generate_public_key().buffer)
-        server_time_ms: int | None = None
-        while True:  # assignments are limited to 10/s per IP: honour Retry-After
-            now = server_time_ms or int(time.time() * 1000)
-            proof = {
-                "kind": "key",
-                "serverTimeMs": now,
-                "signature": key.sign(presence_message("localnet", sender.to_bech32(), now)).hex(),
-            }
-            body = {"sender": sender.to_bech32(), "proof": proof}
-            async with session.post(f"{api}/v1/relay/assign", json=body) as resp:
-                assignment = await resp.json()
-            if resp.status == 429:
-                await asyncio.sleep(assignment["details"]["retryAfterMs"] / 1000)
-                continue
-            if assignment.get("code") == "ASSIGN_PROOF_INVALID" and server_time_ms is None:
-                # A server on another clock (bench/instructions.py slows it): sign its own time, as a
-                # client does with the serverTimeMs the refusal carries.
-                server_time_ms = assignment["details"]["serverTimeMs"]
-                continue
-            if resp.status != 200:
-                raise RuntimeError(f"assign failed: {assignment}")
-            break
+        assignment = await assign(session, api, key)
         receiver = same_shard_receiver(sender)
         for n in range(start_nonce, start_nonce + per_sender):
             tx = Transaction(

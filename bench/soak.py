@@ -44,6 +44,7 @@ from multiversx_sdk import Transaction, UserSecretKey
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from relay import (  # noqa: E402  (the sibling benchmark)
     HOST_IDS,
+    assign,
     computer,
     console,
     create_bench_database,
@@ -59,7 +60,6 @@ from relay import (  # noqa: E402  (the sibling benchmark)
 )
 
 from gasless.chain.addresses import address_of, parse_address  # noqa: E402
-from gasless.relay.checks import presence_message  # noqa: E402
 
 WARMUP_S = 300  # the first 5 minutes: growth is judged after them, the first p99 over them
 RENEW_BEFORE_MS = 60_000  # a lease is renewed this long before it expires
@@ -87,26 +87,6 @@ class Soak:
         window, self.window = self.window, Window()
         return window
 
-    async def assign(self, session: aiohttp.ClientSession, api: str, key: UserSecretKey) -> dict[str, Any]:
-        sender = address_of(key.generate_public_key().buffer).to_bech32()
-        while True:
-            now = int(time.time() * 1000)
-            proof = {
-                "kind": "key",
-                "serverTimeMs": now,
-                "signature": key.sign(presence_message("localnet", sender, now)).hex(),
-            }
-            async with session.post(
-                f"{api}/v1/relay/assign", json={"sender": sender, "proof": proof}
-            ) as resp:
-                answer = await resp.json()
-            if resp.status == 429:  # assignments are limited per IP and per sender: honour the wait
-                await asyncio.sleep(answer["details"]["retryAfterMs"] / 1000)
-                continue
-            if resp.status != 200:
-                raise RuntimeError(f"assign refused: {answer}")
-            return answer
-
     async def stream(
         self, session: aiohttp.ClientSession, index: int, key: UserSecretKey, start: float, end: float
     ) -> None:
@@ -115,7 +95,7 @@ class Soak:
         api = self.apis[index % len(self.apis)]
         sender = address_of(key.generate_public_key().buffer)
         receiver = same_shard_receiver(sender)
-        assignment = await self.assign(session, api, key)
+        assignment = await assign(session, api, key)
         nonce = 0
         while True:
             due = start + (nonce * senders + index) / rate
@@ -125,7 +105,7 @@ class Soak:
             if delay > 0:
                 await asyncio.sleep(delay)
             if assignment["expiresAtMs"] - time.time() * 1000 < RENEW_BEFORE_MS:
-                assignment = await self.assign(session, api, key)
+                assignment = await assign(session, api, key)
                 self.renewals += 1
             tx = Transaction(
                 sender=sender,
@@ -156,7 +136,7 @@ class Soak:
                 code = answer.get("code", str(resp.status))
                 window.refused[code] = window.refused.get(code, 0) + 1
                 if code in ("LEASE_EXPIRED", "RESIGN_REQUIRED"):
-                    assignment = await self.assign(session, api, key)
+                    assignment = await assign(session, api, key)
                     self.renewals += 1
                 else:
                     await asyncio.sleep(0.2)  # the same nonce again at the next chance
