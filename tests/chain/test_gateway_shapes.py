@@ -12,6 +12,7 @@ import base64
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -20,8 +21,8 @@ from aiohttp import web
 from multiversx_sdk import Address, Transaction, UserSecretKey
 
 from gasless.chain.addresses import METACHAIN
-from gasless.chain.codec import tx_hash, tx_to_wire
-from gasless.chain.gateway import GatewayClient, GatewayRejected
+from gasless.chain.codec import tx_from_wire, tx_hash, tx_to_wire
+from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkParams, ShardStatus
 
 ALICE = Address.new_from_bech32("erd1qyu5wthldzr8wx5c9ucg8kjagg0jfs53s8nr3zpz3hypefsdd8ssycr6th")
@@ -444,6 +445,238 @@ async def test_block_by_nonce(gateway) -> None:  # type: ignore[no-untyped-def]
     fake.on("GET", "/block/1/by-nonce/9812345", ok({"block": block}))
     got = await client.block_by_nonce(1, 9_812_345)
     assert (got["hash"], got["nonce"], got["timestampMs"]) == ("AB" * 32, 9_812_345, 1_745_490_000_000)
+
+
+async def test_block_by_hash(gateway) -> None:  # type: ignore[no-untyped-def]
+    """The block a native-auth token names, read by hash (NetworkView.block_timestamp_ms)."""
+    fake, client = gateway
+    block_hash = "9f" * 32
+    # apiBlock.go:11-42 again; the node writes the hash in lower-case hex (blockAPI/shardBlock.go:90-118).
+    block = {
+        "nonce": 9_812_340,
+        "round": 25_101_495,
+        "epoch": 1_743,
+        "shard": 1,
+        "numTxs": 2,
+        "hash": block_hash,
+        "prevBlockHash": "ee" * 32,
+        "stateRootHash": "cd" * 32,
+        "status": "on-chain",
+        "pubKeyBitmap": "ff",
+        "timestamp": 1_745_489_970,
+        "timestampMs": 1_745_489_970_000,
+    }
+    fake.on("GET", f"/block/1/by-hash/{block_hash}", ok({"block": block}))
+    got = await client.block_by_hash(1, block_hash)
+    assert got is not None and (got["hash"], got["timestampMs"]) == (block_hash, 1_745_489_970_000)
+    # Not in that shard's storage: the node's `getting block failed: ...` (mx-chain-go api/groups/
+    # blockGroup.go:128-133), wrapped by the proxy as its observers' error (process/blockProcessor.go:64-77,
+    # process/accountProcessor.go:581-588) and answered 500 (api/groups/baseBlockGroup.go:72-76): no block,
+    # not an outage.
+    fake.on(
+        "GET",
+        f"/block/0/by-hash/{block_hash}",
+        failed("sending request error, getting block failed: key not found"),
+        status=500,
+    )
+    assert await client.block_by_hash(0, block_hash) is None
+    # A hash that is not hex: 400 before any observer is asked (api/shared/shared.go:73-81).
+    fake.on(
+        "GET", "/block/1/by-hash/zz", failed("invalid block hash parameter:zz", "bad_request"), status=400
+    )
+    assert await client.block_by_hash(1, "zz") is None
+    # Anything else that is not the gateway speaking (a load balancer's page) is an outage, not "no block".
+    fake.answers[("GET", f"/block/2/by-hash/{block_hash}")] = (502, "<html>bad gateway</html>")
+    with pytest.raises(GatewayUnavailable):
+        await client.block_by_hash(2, block_hash)
+
+
+# Hyperblocks --------------------------------------------------------------------------------------------
+HYPER_NONCE = META_STATUS["erd_highest_final_nonce"]
+HYPER_HASH = "e1" * 32
+HYPER_TS_MS = 1_745_489_994_000
+
+
+def relayed_call(data: bytes, nonce: int) -> Transaction:
+    """A guarded Relayed-V3 call with both usernames: every member a listing can carry."""
+    return Transaction(
+        sender=ALICE,
+        receiver=CONTRACT,
+        nonce=nonce,
+        value=10**15,
+        chain_id="1",
+        version=2,
+        options=2,  # guarded
+        gas_limit=6_000_000,
+        gas_price=1_000_000_000,
+        data=data,
+        sender_username="alice",
+        receiver_username="billing",
+        guardian=GUARDIAN,
+        relayer=RELAYER,
+        signature=b"\x01" * 64,
+        guardian_signature=b"\x03" * 64,
+        relayer_signature=b"\x02" * 64,
+    )
+
+
+def listed(tx: Transaction, source: int, destination: int) -> dict[str, Any]:
+    """A transaction as a hyperblock lists it: the node's unmarshaller (mx-chain-go node/external/
+    transactionAPI/unmarshaller.go:131-165: signatures in hex, bytes in base64, the relayer as
+    `relayerAddress`), then the block's own members (node/external/blockAPI/baseBlock.go:255-266); no
+    `blockNonce`, no timestamps, no `hyperblockNonce`, no logs."""
+    entry: dict[str, Any] = {
+        "type": "normal",
+        "processingTypeOnSource": "RelayedTxV3" if tx.relayer else "MoveBalance",
+        "processingTypeOnDestination": "SCInvoking" if tx.data else "MoveBalance",
+        "hash": tx_hash(tx),
+        "nonce": tx.nonce,
+        "round": 25_101_490,
+        "epoch": 1_743,
+        "value": str(tx.value),
+        "receiver": tx.receiver.to_bech32(),
+        "sender": tx.sender.to_bech32(),
+        "gasPrice": tx.gas_price,
+        "gasLimit": tx.gas_limit,
+        "signature": tx.signature.hex(),
+        "sourceShard": source,
+        "destinationShard": destination,
+        "miniblockType": "TxBlock",
+        "miniblockHash": "cc" * 32,
+        "status": "success",
+        "operation": "transfer",
+        "initiallyPaidFee": "1234500000000000",
+        "chainID": tx.chain_id,
+        "version": tx.version,
+        "options": tx.options,  # no omitempty: always there
+    }
+    if tx.data:
+        entry["data"] = b64(tx.data)
+    if tx.sender_username:
+        entry["senderUsername"] = b64(tx.sender_username)
+    if tx.receiver_username:
+        entry["receiverUsername"] = b64(tx.receiver_username)
+    if tx.guardian:
+        entry["guardian"] = tx.guardian.to_bech32()
+        entry["guardianSignature"] = tx.guardian_signature.hex()
+    if tx.relayer:
+        entry["isRelayed"] = True
+        entry["relayerAddress"] = tx.relayer.to_bech32()
+        entry["relayerSignature"] = tx.relayer_signature.hex()
+    return entry
+
+
+OURS = relayed_call(b"ping@01", 7)
+SETTLE = relayed_call(b"settleUsage@05@" + b"ab".hex().encode(), 8)
+TRANSFER = Transaction(
+    sender=BOB,
+    receiver=ALICE,
+    nonce=3,
+    value=10**17,
+    chain_id="1",
+    version=2,
+    gas_limit=50_000,
+    gas_price=1_000_000_000,
+    signature=b"\x04" * 64,
+)
+# mx-chain-core-go data/api/apiHyperBlock.go:8-27 (NotarizedBlock: data/api/apiBlock.go:79-87), built by the
+# proxy from the metablock and the shard blocks it notarizes (process/hyperblockBuilder.go:27-56).
+HYPERBLOCK = {
+    "hash": HYPER_HASH,
+    "prevBlockHash": "e0" * 32,
+    "stateRootHash": "cd" * 32,
+    "nonce": HYPER_NONCE,
+    "round": 25_101_499,
+    "epoch": 1_743,
+    "numTxs": 3,
+    "accumulatedFees": "0",
+    "developerFees": "0",
+    "timestamp": HYPER_TS_MS // 1000,
+    "timestampMs": HYPER_TS_MS,
+    "shardBlocks": [
+        {"hash": "9f" * 32, "nonce": 9_812_340, "round": 25_101_495, "shard": 1, "rootHash": "cd" * 32},
+        {"hash": "8f" * 32, "nonce": 9_700_001, "round": 25_101_496, "shard": 0, "rootHash": "ce" * 32},
+    ],
+    "transactions": [listed(OURS, 1, 1), listed(TRANSFER, 0, 1), listed(SETTLE, 1, 1)],
+    "status": "on-chain",
+}
+
+
+async def test_hyperblock_by_nonce_as_the_tracker_reads_it(gateway) -> None:  # type: ignore[no-untyped-def]
+    """The tracker follows the hyperblocks (gasless.relay.chain_reads): a tracked intent listed there is
+    settled at that hyperblock, on its timestamp, as the listing carries neither."""
+    from gasless.relay.chain_reads import ChainReads
+
+    fake, client = gateway
+    fake.on("GET", f"/hyperblock/by-nonce/{HYPER_NONCE}", ok({"hyperblock": HYPERBLOCK}))
+    meta = ShardStatus.from_status(METACHAIN, {**META_STATUS, "erd_nonce": HYPER_NONCE}, observed_at_ms=1)
+    reads = ChainReads(client, SimpleNamespace(status=lambda shard: meta))  # type: ignore[arg-type]
+    seen = await reads.hyperblocks({41: SimpleNamespace(tx_hash=tx_hash(OURS))})  # type: ignore[dict-item]
+    assert list(seen) == [41]
+    chain_tx = seen[41]
+    assert (chain_tx["hash"], chain_tx["status"]) == (tx_hash(OURS), "success")
+    assert chain_tx["hyperblockNonce"] == HYPER_NONCE and chain_tx["timestampMs"] == HYPER_TS_MS
+    assert reads.following and reads.hyper_cursor == HYPER_NONCE + 1
+    assert fake.paths() == [f"/hyperblock/by-nonce/{HYPER_NONCE}"]
+
+
+async def test_hyperblock_listing_rebuilds_the_cosigned_transaction(gateway) -> None:  # type: ignore[no-untyped-def]
+    """A restored database recovers the relays it does not know from the listings (gasless.relay.restored):
+    the transaction rebuilt from the listed members must hash to the listed hash."""
+    from gasless.relay.restored import chain_wire, relayer_of
+    from gasless.settlement.restored import is_settle_call
+
+    fake, client = gateway
+    fake.on("GET", f"/hyperblock/by-nonce/{HYPER_NONCE}", ok({"hyperblock": HYPERBLOCK}))
+    listing = (await client.get(f"/hyperblock/by-nonce/{HYPER_NONCE}"))["hyperblock"]["transactions"]
+    ours, transfer, settle = listing
+    assert relayer_of(ours) == RELAYER.to_bech32() and relayer_of(transfer) is None
+    for entry in listing:
+        rebuilt = tx_from_wire(chain_wire(entry))
+        assert tx_hash(rebuilt) == entry["hash"]
+    rebuilt = tx_from_wire(chain_wire(ours))
+    assert (rebuilt.sender_username, rebuilt.receiver_username) == ("alice", "billing")
+    assert rebuilt.guardian == GUARDIAN and rebuilt.relayer_signature == b"\x02" * 64
+    assert [is_settle_call(e, CONTRACT.to_bech32()) for e in listing] == [False, False, True]
+
+
+async def test_hyperblock_by_nonce_as_the_contract_mirror_reads_it(gateway, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The contract mirror (gasless.mirror.follower) reads the final hyperblocks, fetches the successful
+    calls to the contract with their results, and dates their events with the hyperblock."""
+    from gasless.mirror import follower as follower_module
+    from gasless.mirror.follower import MirrorFollower
+    from gasless.mirror.repository import MirrorStep
+
+    fake, client = gateway
+    fake.on("GET", f"/network/status/{METACHAIN}", ok({"status": META_STATUS}))
+    fake.on("GET", f"/hyperblock/by-nonce/{HYPER_NONCE}", ok({"hyperblock": HYPERBLOCK}))
+    for tx in (OURS, SETTLE):
+        fake.on("GET", f"/transaction/{tx_hash(tx)}", ok({"transaction": {**EXECUTED, "hash": tx_hash(tx)}}))
+    decoded: list[tuple[str, int, int, int]] = []
+
+    def decode(transaction: dict[str, Any], contract: str, **at: int) -> list[Any]:
+        decoded.append((transaction["hash"], at["hyperblock_nonce"], at["tx_position"], at["block_ts_ms"]))
+        return []
+
+    monkeypatch.setattr(follower_module, "decode_transaction_events", decode)
+    applied: list[MirrorStep] = []
+
+    class Repo:
+        async def cursor(self) -> int:
+            return HYPER_NONCE - 1
+
+        async def apply(self, step: MirrorStep) -> list[int]:
+            applied.append(step)
+            return []
+
+    mirror = MirrorFollower(Repo(), client, CONTRACT.to_bech32())  # type: ignore[arg-type]
+    assert await mirror.step() is False
+    assert [(s.cursor, s.cursor_hash) for s in applied] == [(HYPER_NONCE, HYPER_HASH)]
+    assert decoded == [
+        (tx_hash(OURS), HYPER_NONCE, 0, HYPER_TS_MS),
+        (tx_hash(SETTLE), HYPER_NONCE, 2, HYPER_TS_MS),
+    ]
+    assert f"/transaction/{tx_hash(TRANSFER)}" not in fake.paths()  # not to the contract: not fetched
 
 
 # Sends ------------------------------------------------------------------------------------------------------

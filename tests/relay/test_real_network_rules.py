@@ -146,6 +146,38 @@ def test_overprovisioned_gas_is_measured_with_the_cost_route_cross_shard(env: An
     assert body["details"]["actual"] == 100_000_000 and body["details"]["limit"] < 100_000_000
 
 
+def test_a_simulation_without_a_verdict_is_refused_never_passed(
+    env: Any, problem: Any, nothing_sent: Any
+) -> None:
+    """A simulate answer that gives no verdict (no `status`, a shard's result missing, no result) cannot be
+    judged: 503 UPSTREAM_UNAVAILABLE with nothing sent, never a pass. The localnet's simulate answers so for
+    a while (set on its own loop, as the shard stall above); put back, the same call relays."""
+    sender = env.new_sender(1)  # has an account: setAutoRenew@01 succeeds on chain
+    assignment = env.assign(sender)
+    data = b"setAutoRenew@01"
+    probe = env.build(sender, assignment, receiver=env.contract, data=data, gas_limit=50_000_000, sign=False)
+    needed = localnet_post(env, "/transaction/cost", probe.to_dictionary())["data"]["txGasUnits"]
+    tx = contract_call(env, sender, assignment, data, needed)
+    chain = env.localnet.net.chain
+    no_verdicts: list[Any] = [
+        {"hash": "ab" * 32, "receipts": None},
+        {"senderShard": {"status": "success", "hash": "ab" * 32}},
+        None,
+    ]
+    for answer in no_verdicts:
+        env.localnet.call(setattr, chain, "simulate", lambda _tx, check_signature, a=answer: a)
+        try:
+            response = env.relay(tx, assignment["lease"])
+        finally:
+            env.localnet.call(delattr, chain, "simulate")
+        body = problem(response, "UPSTREAM_UNAVAILABLE")
+        assert "no verdict" in body["detail"], (answer, body)
+    nothing_sent(env, tx, "UPSTREAM_UNAVAILABLE")
+    response = env.relay(tx, assignment["lease"])
+    assert response.status_code in (200, 202), response.text
+    assert env.wait_state(response.json()["txHash"], ("FINALIZED",), timeout=30)["outcome"] == "success"
+
+
 # 5. Transactions the node drops --------------------------------------------------------------------------
 def test_a_transaction_the_node_drops_is_dead_promptly_with_its_reason(env: Any) -> None:
     """A guarded relayer makes the transaction "not executable": it leaves the pool without a block. The

@@ -165,7 +165,12 @@ class GatewayClient:
     """Gateway reads with failover and sends broadcast to all gateways, on a caller-owned aiohttp session."""
 
     def __init__(
-        self, session: aiohttp.ClientSession, urls: Sequence[str], *, timeout_ms: int = 2000
+        self,
+        session: aiohttp.ClientSession,
+        urls: Sequence[str],
+        *,
+        timeout_ms: int = 2000,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not urls:
             raise ValueError("at least one gateway URL is required")
@@ -174,7 +179,8 @@ class GatewayClient:
         self._session = session
         self._timeout = aiohttp.ClientTimeout(total=timeout_ms / 1000)
         self._preferred = 0  # index of the gateway that answered last: reads start there
-        self._cooling: dict[str, float] = {}  # gateway -> monotonic time until which it is tried last
+        self._clock = clock  # seconds, for the cool-down (a test steps it instead of waiting 5 s)
+        self._cooling: dict[str, float] = {}  # gateway -> clock time until which it is tried last
         self._queues: dict[str, list[_PendingSend]] = {}  # sends waiting for their gateway, by URL
         self._runners: dict[str, set[asyncio.Task[None]]] = {}  # requests under way, by URL
         self._closed = False
@@ -229,7 +235,7 @@ class GatewayClient:
         count = len(self.urls)
         order = [(self._preferred + step) % count for step in range(count)]
         if self._cooling:
-            now = time.monotonic()
+            now = self._clock()
             for url, until in list(self._cooling.items()):
                 if until <= now:
                     del self._cooling[url]
@@ -237,8 +243,9 @@ class GatewayClient:
         return order
 
     def cooling(self) -> tuple[str, ...]:
-        """Gateways that failed a read within `COOL_DOWN_MS` (health, for /readyz and metrics)."""
-        now = time.monotonic()
+        """Gateways that failed a read within `COOL_DOWN_MS`, which reads try after the others. Not shown by
+        /readyz or the metrics: failures are counted through `on_failure`."""
+        now = self._clock()
         return tuple(url for url, until in self._cooling.items() if until > now)
 
     async def _call(
@@ -268,7 +275,7 @@ class GatewayClient:
                     if answer.retry_after_ms is not None:
                         throttled.append((index, answer.retry_after_ms))
                     else:
-                        self._cooling[url] = time.monotonic() + COOL_DOWN_MS / 1000
+                        self._cooling[url] = self._clock() + COOL_DOWN_MS / 1000
                     continue
                 self._preferred = index  # it answered (even a rejection is an answer): start there next time
                 self._cooling.pop(url, None)
