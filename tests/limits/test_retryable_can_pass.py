@@ -9,40 +9,55 @@ same request, sent again unchanged, can pass later.
   check does find the compat relay above the burst under a rule that admits only what a bucket holds.
 - Live, over HTTP on localnet: a `/v1/relay` paid by a sponsor key whose hourly limit is below the relay's
   RU passes on a full bucket (it was refused for ever), and the compat relays are in tests/compat.
+- The MCP event streams (`GET /mcp`, at most 20 per IP: a slot, not a bucket), live on a served host with
+  each backend: the stream refused at 21 (429 `RATE_LIMITED`, `Retry-After: 1`) passes, sent again
+  unchanged, as soon as one of the 20 ends, whether its client leaves or its lifetime ends (nobody leaving:
+  at the latest at the lifetime); on Redis, the slots of a host that died lapse before a lifetime would.
+  Every wait is for a condition (the streams' end, the slots the host holds), none for a fixed time.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import redis
+import requests
 from redis.asyncio import Redis
+from relay_kit import load_conftest, relay_settings, unthrottled_limits  # type: ignore[import-not-found]
 
+from gasless.app import create_app
 from gasless.billing.gate import FreeFlowLimits
 from gasless.billing.schedule import RU_SCHEDULE_V1, ru_for_gas_limit
 from gasless.compat.service import COMPAT_MAX_GAS_LIMIT
 from gasless.errors import CATALOGUE, ApiError
 from gasless.limits.accounts import AccountLimiter, PlatformBudget
 from gasless.limits.buckets import (
+    STREAM_RETRY_MS,
     Decision,
+    LocalConcurrencyLimiter,
     LocalRateLimiter,
     MultiDecision,
     Rate,
     RouteLimitTable,
     Take,
 )
-from gasless.limits.redis_backend import RedisRateLimiter
+from gasless.limits.redis_backend import RedisConcurrencyLimiter, RedisRateLimiter
 from gasless.limits.worst_case import WorstCase, route_table_cases, unpassable
 from gasless.localnet.contracts.seed import SEED_RATE_CLASSES
+from gasless.mcp import mount
 
 # What lets the same request pass later, for every code a client may retry unchanged.
 BUCKET = "a token bucket refills; every bucket and its largest request are played below"
 CAN_PASS_LATER = {
-    "RATE_LIMITED": BUCKET,
+    "RATE_LIMITED": f"{BUCKET}; a stream slot frees when a stream ends (GET /mcp's are played below)",
     "GAS_BUDGET_EXCEEDED": BUCKET,
     "HOURLY_BURN_EXCEEDED": BUCKET,
     "TOO_MANY_IN_FLIGHT": "the sender's unsettled intents settle",
@@ -205,8 +220,6 @@ def test_a_sponsored_relay_above_the_keys_hourly_limit_passes_on_a_full_bucket(e
 
 
 def auth_kit(env: Any) -> Any:
-    from relay_kit import load_conftest  # type: ignore[import-not-found]
-
     return load_conftest("auth").AuthKit(env)
 
 
@@ -214,3 +227,147 @@ def test_unpassable_runs_every_start() -> None:
     # A bucket of 2 refilling 1 per second; a request of 3: full, emptied and "just paid" all pass.
     case = WorstCase("small", (Take("small", "k", Rate(1, 2), 3),))
     assert asyncio.run(unpassable([case], lambda clock: LocalRateLimiter(clock=clock))) == []
+
+
+# GET /mcp: at most 20 event streams per IP --------------------------------------------------------------
+LOOPBACK = "127.0.0.1"  # the IP (the slots' key) of every stream below
+EVENTS = {"Accept": "text/event-stream"}
+
+
+@pytest.fixture(params=["local", pytest.param("redis", marks=pytest.mark.redis)])
+def mcp_host(request: pytest.FixtureRequest, unpaused_localnet: Any, tmp_path: Path) -> Iterator[Any]:
+    """A served host (uvicorn: a stream is a connection of its own), its stream slots in process or in
+    Redis (a namespace of its own, removed after)."""
+    overrides: dict[str, Any] = {}
+    if request.param == "redis":
+        overrides = {
+            "redis_url": request.getfixturevalue("redis_url"),
+            "redis_prefix": f"t{uuid.uuid4().hex}",
+        }
+    settings = relay_settings(tmp_path, unpaused_localnet, **overrides)
+    try:
+        with load_conftest("mcp").Served(create_app(settings, route_limits=unthrottled_limits())) as served:
+            streams = served.server.config.app.state.host.limits.streams
+            assert isinstance(
+                streams, RedisConcurrencyLimiter if settings.redis_url else LocalConcurrencyLimiter
+            )
+            yield served
+    finally:
+        if settings.redis_url:
+            with redis.Redis.from_url(settings.redis_url) as client:
+                for key in client.scan_iter(match=f"{settings.redis_prefix}:*"):
+                    client.delete(key)
+
+
+def open_mcp_stream(served: Any) -> requests.Response:
+    """The same request every time: `GET /mcp` for the event stream, its headers read (not its body)."""
+    return requests.get(f"{served.url}/mcp", headers=EVENTS, stream=True, timeout=10)
+
+
+def mcp_slots_held(served: Any) -> int:
+    """The `GET /mcp` slots held for 127.0.0.1, as the host's limiter counts them when it admits one."""
+    host = served.server.config.app.state.host
+    streams = host.limits.streams
+    if isinstance(streams, LocalConcurrencyLimiter):
+        return streams.held.get((mount.MCP_STREAM_BUCKET, LOOPBACK), 0)
+    assert isinstance(streams, RedisConcurrencyLimiter)
+    with redis.Redis.from_url(host.settings.redis_url) as client:
+        seconds, micros = client.time()
+        # The leases not lapsed yet (a lease lapses at its score), as the acquire script counts them.
+        return int(
+            client.zcount(
+                streams.key(mount.MCP_STREAM_BUCKET, LOOPBACK), seconds * 1000 + micros // 1000 + 1, "+inf"
+            )
+        )
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not {what} after {timeout_s} s"
+        time.sleep(0.01)
+
+
+def refused_for_now(response: requests.Response) -> None:
+    """The 21st stream's refusal: retryable, to be asked again in 1 s (it cannot know when a stream ends)."""
+    body = load_conftest("relay").check_problem(response, "RATE_LIMITED")
+    assert body["details"] == {"retryAfterMs": STREAM_RETRY_MS, "scope": "ip"}, body
+    assert response.headers["Retry-After"] == "1" and body["retryable"] is True
+    response.close()
+
+
+def fill_mcp_slots(served: Any, opened: list[requests.Response]) -> float:
+    """Open the 20 streams one IP may hold; the 21st, refused: when it was refused."""
+    opened += [open_mcp_stream(served) for _ in range(mount.MCP_STREAMS_PER_IP)]
+    assert [response.status_code for response in opened] == [200] * mount.MCP_STREAMS_PER_IP
+    refused_for_now(open_mcp_stream(served))
+    return time.monotonic()
+
+
+def test_a_refused_mcp_stream_passes_unchanged_when_a_client_leaves(mcp_host: Any) -> None:
+    served = mcp_host
+    opened: list[requests.Response] = []
+    try:
+        fill_mcp_slots(served, opened)
+        opened.pop().close()
+        # Once the host has seen the client go, the same request passes, and takes the slot back.
+        wait_until(lambda: mcp_slots_held(served) < mount.MCP_STREAMS_PER_IP, "a slot freed")
+        again = open_mcp_stream(served)
+        opened.append(again)
+        assert again.status_code == 200, again.text
+        refused_for_now(open_mcp_stream(served))
+    finally:
+        for response in opened:
+            response.close()
+
+
+def test_a_refused_mcp_stream_passes_unchanged_at_the_latest_at_the_stream_lifetime(
+    mcp_host: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nobody leaves: every stream ends at its lifetime, and the same request passes then."""
+    served, lifetime = mcp_host, 2.0  # long enough to open 21 streams on a loaded machine
+    monkeypatch.setattr(mount, "STREAM_LIFETIME_S", lifetime)  # read as each stream starts
+    opened: list[requests.Response] = []
+    try:
+        refused = fill_mcp_slots(served, opened)
+        for response in opened:
+            body = b"".join(response.iter_content(chunk_size=None))  # returns when the host ends the stream
+            assert body.startswith(b": open")
+        assert time.monotonic() - refused < lifetime + 2.0, "a stream outlived its lifetime"
+        wait_until(lambda: mcp_slots_held(served) < mount.MCP_STREAMS_PER_IP, "a slot freed at the lifetime")
+        again = open_mcp_stream(served)
+        opened.append(again)
+        assert again.status_code == 200, again.text
+    finally:
+        for response in opened:
+            response.close()
+
+
+@pytest.mark.redis
+async def test_the_mcp_stream_slots_of_a_host_that_died_lapse_before_a_lifetime(redis_url: str) -> None:
+    """A host that dies holding streams neither releases nor renews their slots; on Redis they lapse after
+    the lease (30 s), shorter than a stream's lifetime (120 s), and the refused request passes on another host."""
+    client = Redis.from_url(redis_url)
+    space = f"test-mcp-slots-{uuid.uuid4().hex}"
+    start = 1_000_000.0
+    now = [start]
+    died, other = (RedisConcurrencyLimiter(client, space, clock=lambda: now[0]) for _ in range(2))
+    limit = mount.MCP_STREAMS_PER_IP
+    try:
+        assert died.lease_ms <= mount.STREAM_LIFETIME_S * 1000
+        for _ in range(limit):
+            assert (await died.acquire(mount.MCP_STREAM_BUCKET, LOOPBACK, limit))[1] is not None
+        died.held.clear()  # it died: nothing renews or releases its slots
+        decision, slot = await other.acquire(mount.MCP_STREAM_BUCKET, LOOPBACK, limit)
+        assert slot is None and decision.retry_after_ms == STREAM_RETRY_MS
+        now[0] = start + (died.lease_ms - 1) / 1000
+        assert (await other.acquire(mount.MCP_STREAM_BUCKET, LOOPBACK, limit))[1] is None  # not yet
+        now[0] = start + died.lease_ms / 1000
+        decision, slot = await other.acquire(mount.MCP_STREAM_BUCKET, LOOPBACK, limit)
+        assert slot is not None and decision.allowed
+    finally:
+        await died.close()
+        await other.close()
+        async for key in client.scan_iter(match=f"{space}:*"):
+            await client.delete(key)
+        await client.aclose()
