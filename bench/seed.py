@@ -17,7 +17,7 @@ whole invocation, and each size gets a fresh database, migrated, seeded, then se
   first page and its 20th page by cursor), `GET /v1/usage/latency`, `GET /v1/status` (its availability
   counts intents by day), `GET /v1/relay/{id}` of seeded and of
   fresh intents: client-observed p50 / p99 and the API's CPU per request; the database's size; and a
-  migration's time (the newest migration, 0016, an index on `intents`, taken down and applied again).
+  migration's time (the newest migration, 0017, an index on `reservations`, taken down and applied again).
 - **Query plans**, on the largest size: a `gasless serve` with bench/statement_capture on its path records
   every distinct statement while it starts, idles, relays and answers the reads above; each is explained
   against the seeded database (`EXPLAIN QUERY PLAN`; `EXPLAIN (ANALYZE, BUFFERS)` for PostgreSQL reads,
@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -52,6 +53,7 @@ from rich.table import Table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from relay import (  # noqa: E402  (the sibling benchmark)
+    PhaseSampler,
     console,
     cpu_seconds,
     create_bench_database,
@@ -488,10 +490,19 @@ async def measure_size(
     assert proc is not None
     senders = [UserSecretKey.generate() for _ in range(args.senders)]
     await grant_plans(session, gateway, info, [*senders, heavy])
-    # The idle service: what its background work costs per 600 ms round.
+    # The idle service: what its background work costs per 600 ms round, just after start-up (work done
+    # once per start falls here) and again after `--idle-warmup-s` (the steady cost).
     before = cpu_seconds([proc])
     await asyncio.sleep(args.idle_s)
     figures["idle_cpu_ms_per_round"] = 1000 * (cpu_seconds([proc]) - before) / (args.idle_s / 0.6)
+    await asyncio.sleep(max(0.0, args.idle_warmup_s - args.idle_s))
+    sampled = f"{args.sample_idle}.{service.log.parent.name}"
+    sampler = PhaseSampler(proc.pid, sampled) if args.sample_idle else None
+    before = cpu_seconds([proc])
+    await asyncio.sleep(args.idle_s)
+    figures["idle_warm_cpu_ms_per_round"] = 1000 * (cpu_seconds([proc]) - before) / (args.idle_s / 0.6)
+    if sampler is not None:
+        sampler.stop()
     # Relays at a fixed offered load.
     bodies = await prepare(session, [service.api], senders, args.per_sender, 0)
     elapsed, results, cpu_used, _, _ = await measured_phase(
@@ -542,9 +553,9 @@ async def measure_size(
 
 
 async def migration_times(url: str) -> dict[str, float]:
-    """The newest migration taken down and applied again (0016: an index on `intents`)."""
+    """The newest migration taken down and applied again (0017: an index on `reservations`)."""
     started = time.monotonic()
-    await downgrade(url, "0015")
+    await downgrade(url, "0016")
     down = time.monotonic() - started
     started = time.monotonic()
     await upgrade(url)
@@ -794,7 +805,8 @@ async def run_storage(args: argparse.Namespace, storage: str, work: Path) -> dic
 
 FIGURES = (
     ("startup_s", "start-up (s)"),
-    ("idle_cpu_ms_per_round", "idle CPU per round (ms)"),
+    ("idle_cpu_ms_per_round", "idle CPU per round, after start (ms)"),
+    ("idle_warm_cpu_ms_per_round", "idle CPU per round, warm (ms)"),
     ("relay.cpu_ms_per_relay", "relay: CPU per relay (ms)"),
     ("relay.accept_p99_ms", "relay: acceptToCosignMs p99"),
     ("relay.added_p99_ms", "relay: addedMs p99"),
@@ -809,7 +821,7 @@ FIGURES = (
     ("relay_status_seeded.p99_ms", "GET /v1/relay/{id}, seeded: p99 (ms)"),
     ("relay_status_fresh.p99_ms", "GET /v1/relay/{id}, fresh: p99 (ms)"),
     ("relay_status_seeded.cpu_ms", "GET /v1/relay/{id}, seeded: CPU (ms)"),
-    ("migration_up_s", "migration 0016 applied (s)"),
+    ("migration_up_s", "migration 0017 applied (s)"),
     ("database_mib", "database (MiB)"),
 )
 
@@ -865,6 +877,17 @@ def main() -> int:
     parser.add_argument("--per-sender", type=int, default=40)
     parser.add_argument("--rate", type=float, default=100, help="offered relays/s of the relay phase")
     parser.add_argument("--idle-s", type=float, default=15)
+    parser.add_argument(
+        "--idle-warmup-s",
+        type=float,
+        default=60,
+        help="the second idle window starts this long after the first one did",
+    )
+    parser.add_argument(
+        "--sample-idle",
+        default="",
+        help="py-spy (on PATH) samples the service over the warm idle window: collapsed stacks to FILE.<size>",
+    )
     parser.add_argument("--reads", type=int, default=200, help="requests per read figure")
     parser.add_argument("--no-plans", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the SQLite databases (in --work-dir)")
@@ -873,13 +896,21 @@ def main() -> int:
     )
     parser.add_argument("--json", default="", help="write every figure and plan here")
     args = parser.parse_args()
+    if args.sample_idle and shutil.which("py-spy") is None:
+        parser.error("--sample-idle needs py-spy on PATH (pip install py-spy into any environment)")
     storages = ["sqlite", "postgresql"] if args.storage == "both" else [args.storage]
     if "postgresql" in storages and not args.database_url:
         parser.error("postgresql needs --database-url")
     results = []
-    with tempfile.TemporaryDirectory(prefix="gasless-seed-", dir=args.work_dir or None) as tmp:
+    if args.keep:  # the databases outlive the run: a directory nobody removes
+        tmp = tempfile.mkdtemp(prefix="gasless-seed-", dir=args.work_dir or None)
+        console.print(f"kept in {tmp}")
         for storage in storages:
             results.append(asyncio.run(run_storage(args, storage, Path(tmp))))
+    else:
+        with tempfile.TemporaryDirectory(prefix="gasless-seed-", dir=args.work_dir or None) as tmp:
+            for storage in storages:
+                results.append(asyncio.run(run_storage(args, storage, Path(tmp))))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1, default=str))
     return 0

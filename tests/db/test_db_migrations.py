@@ -77,7 +77,7 @@ def _relayer(**overrides: Any) -> dict[str, Any]:
 
 
 async def test_upgrade_from_empty_reaches_head(db_engine: AsyncEngine, database_url: str) -> None:
-    assert head_revision() == "0016"
+    assert head_revision() == "0017"
     assert await current_revision(db_engine) is None
     assert await is_up_to_date(db_engine) is False
 

@@ -1,7 +1,8 @@
 """The status page's availability over a history: a host started on a database holding intents co-signed on
 earlier days (written as the service writes them) counts each on its day, the 30-day figure appears once the
-first activity is 30 days old, and the recent days are read afresh on every request while the settled ones
-are read once per day (status/repository.py): a new intent of yesterday shows at once."""
+first activity is 30 days old, and what is still fresh (co-signed in the last half hour, status/repository.py)
+is read afresh on every request while older rows are counted once: a new intent shows at once, and one whose
+broadcast is recorded later moves from bad to good."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from multiversx_sdk import UserSecretKey
-from sqlalchemy import create_engine, insert
+from sqlalchemy import create_engine, insert, update
 
 from gasless.chain.addresses import address_of, shard_of
 from gasless.db.migrate import upgrade
@@ -57,6 +58,19 @@ def _intent(url: str, sender: str, nonce: int, cosigned_at_ms: int, broadcast: b
         engine.dispose()
 
 
+def _broadcast(url: str, sender: str, nonce: int) -> None:
+    engine = create_engine(url.replace("+aiosqlite", ""))
+    try:
+        with engine.begin() as conn:
+            conn.execute(
+                update(intents)
+                .where(intents.c.sender == sender, intents.c.nonce == nonce)
+                .values(state="FINALIZED", broadcast_at_ms=int(time.time() * 1000), send_attempts=1)
+            )
+    finally:
+        engine.dispose()
+
+
 def _days(env: Any) -> tuple[dict[int, Any], Any]:
     answer = env.client.get("/v1/status")
     assert answer.status_code == 200, answer.text
@@ -83,8 +97,15 @@ def test_availability_counts_earlier_days_and_reads_recent_ones_afresh(tmp_path:
     assert days[today - DAY_MS] is None
     assert overall == 50.0  # the last 30 days: day -3 only (first activity 40 days ago)
 
-    _intent(url, sender, 20, today - DAY_MS + 60_000, False)  # yesterday: not settled yet
+    now = int(time.time() * 1000)
+    fresh_day = (now - 60_000) // DAY_MS * DAY_MS
+    _intent(url, sender, 20, now - 60_000, False)  # co-signed a minute ago, not broadcast (yet)
     days, overall = _days(env)
-    assert days[today - DAY_MS] == 0.0  # read afresh
-    assert days[old] == 75.0 and days[recent] == 50.0  # the settled days, kept
+    assert days[fresh_day] == 0.0  # read afresh
+    assert days[old] == 75.0 and days[recent] == 50.0  # the counted days, kept
     assert overall == round(100.0 * 1 / 3, 3)
+
+    _broadcast(url, sender, 20)  # its gateway acknowledgement is recorded
+    days, overall = _days(env)
+    assert days[fresh_day] == 100.0
+    assert overall == round(100.0 * 2 / 3, 3)

@@ -321,6 +321,8 @@ reservations = Table(
     CheckConstraint("ru >= 0 AND payg_micro >= 0", name="amounts"),
 )
 Index(None, reservations.c.account, reservations.c.state)
+# The notice worker's pay-as-you-go scan, every second (notices/repository.py, payg_reserved).
+Index(None, reservations.c.billing_class, reservations.c.created_at_ms)
 
 # RU drawn from a plan block per account and period (reserved + settled; a release gives it back). The
 # plan cap is enforced by one conditional UPDATE in the commit transaction, so racing relays on any host
@@ -352,8 +354,9 @@ settlement_batches = Table(
     CheckConstraint("state IN ('built', 'submitted', 'committed', 'failed')", name="state"),
 )
 
-# The usage ledger (spec: Usage rows): one row per terminal intent, keyed by transaction hash. Executed
-# intents are `success`/`failed` and billed; dead ones `dead` and never billed (billing members null).
+# The usage ledger (docs/billing.md, "The ledger row"): one row per terminal intent, keyed by transaction
+# hash. Executed intents are `success`/`failed` and billed; dead ones `dead` and never billed (billing
+# members null).
 usage_ledger = Table(
     "usage_ledger",
     metadata,

@@ -12,17 +12,22 @@ from gasless.db.tables import incidents, intents, rejections
 DAY_MS = 86_400_000
 
 
-# A day's outcomes are final once it ended this long ago (a co-signed intent is broadcast, or found never
-# broadcast by recovery, within minutes); such days are counted once per host and kept.
-SETTLED_AFTER_MS = DAY_MS
+# An intent's broadcast outcome is final once the tracker has given up on it (GIVE_UP_MS, 15 minutes after
+# its co-signature: a gateway acknowledged it, or it never will); refusals never change. Rows older than
+# this are counted once per host and kept. Not covered: a host down for longer than this re-broadcasts its
+# orphans when it starts again, and the other hosts keep counting those as never broadcast until they restart.
+STABLE_AFTER_MS = 1_800_000
 
 
 class StatusRepository:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
-        # {day start: [good, bad]} of the days that can no longer change, for the window and senders in the key.
-        self._settled: dict[int, list[int]] = {}
-        self._settled_key: tuple[int, int, tuple[str, ...]] | None = None
+        # {day start: [good, bad]} of the rows that can no longer change (before `_counted_until`), for the
+        # senders in `_counted_key`, from the window's start on.
+        self._counted: dict[int, list[int]] = {}
+        self._counted_from = 0
+        self._counted_until: int | None = None
+        self._counted_key: tuple[str, ...] = ()
 
     async def outcomes_by_day(
         self, from_ms: int, exclude_senders: tuple[str, ...] = (), now_ms: int | None = None
@@ -30,21 +35,29 @@ class StatusRepository:
         """day start -> [good, bad]: co-signed intents that were broadcast (good) or never were (bad), and
         refusals before the commit point: a 4xx is a correct answer (good), a 5xx is not (bad).
 
-        With `now_ms`, the days that ended more than SETTLED_AFTER_MS before it are read once and kept; each
-        later call reads only the days since, a range of the co-signature time's index, so a database holding
-        millions of intents costs the status page what its last two days hold."""
+        With `now_ms` (a day-aligned `from_ms`), the rows older than STABLE_AFTER_MS are counted once and
+        kept, and each later call counts only the rows stable since the last call and the rows still fresh,
+        ranges of the time indexes: the status page costs what the last half hour holds, however many
+        intents the database holds and however far into the day it is."""
         if now_ms is None:
             return await self._count(from_ms, None, exclude_senders)
-        settled_until = max(from_ms, (now_ms - SETTLED_AFTER_MS) // DAY_MS * DAY_MS)
-        key = (from_ms, settled_until, exclude_senders)
-        if self._settled_key != key:  # once a day: the window moved
-            self._settled = await self._count(from_ms, settled_until, exclude_senders)
-            self._settled_key = key
-        days = {day: list(counts) for day, counts in self._settled.items()}
-        for day, (good, bad) in (await self._count(settled_until, None, exclude_senders)).items():
-            totals = days.setdefault(day, [0, 0])
-            totals[0] += good
-            totals[1] += bad
+        stable = max(from_ms, now_ms - STABLE_AFTER_MS)
+        if (
+            self._counted_until is None
+            or self._counted_key != exclude_senders
+            or from_ms < self._counted_from
+            or stable < self._counted_until  # the clock went back
+        ):
+            self._counted = await self._count(from_ms, stable, exclude_senders)
+            self._counted_key = exclude_senders
+        else:  # the window moved on: days before it leave, rows stable since the last call join
+            self._counted = {day: counts for day, counts in self._counted.items() if day >= from_ms}
+            if stable > self._counted_until:
+                since = max(from_ms, self._counted_until)
+                _add(self._counted, await self._count(since, stable, exclude_senders))
+        self._counted_from, self._counted_until = from_ms, stable
+        days = {day: list(counts) for day, counts in self._counted.items()}
+        _add(days, await self._count(stable, None, exclude_senders))
         return days
 
     async def _count(
@@ -149,3 +162,10 @@ async def account_traffic(engine: AsyncEngine, account: str, from_ms: int, to_ms
     async with engine.connect() as conn:
         relays, failures = (await conn.execute(query)).one()
     return int(relays or 0), int(failures or 0)
+
+
+def _add(days: dict[int, list[int]], more: dict[int, list[int]]) -> None:
+    for day, (good, bad) in more.items():
+        totals = days.setdefault(day, [0, 0])
+        totals[0] += good
+        totals[1] += bad
