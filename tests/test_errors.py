@@ -14,7 +14,7 @@ from gasless.errors import CATALOGUE, ApiError, catalogue_document, problem_docu
 ROOT = Path(__file__).resolve().parent.parent
 
 # The contract's error tables, kept by hand apart from the service's catalogue: the relay, purchase and x402
-# groups in tests/relay/conftest.py (SPEC_ERRORS: status, retryable, resign, details), the rest here
+# groups in tests/relay/conftest.py (CONTRACT_ERRORS: status, retryable, resign, details), the rest here
 # (status, retryable, group, resign, details). The catalogue must be exactly these 91 codes.
 OTHER_ERRORS: dict[str, tuple[int, bool, str, str | None, tuple[str, ...]]] = {
     "FREE_FLOW_BUSY": (409, True, "relay", "SAME_BYTES", ("reason",)),
@@ -48,7 +48,7 @@ def _relay_tables() -> dict[str, tuple[int, bool, str | None, tuple[str, ...]]]:
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(ROOT / "tests" / "relay"))
-    return module.SPEC_ERRORS  # type: ignore[no-any-return]
+    return module.CONTRACT_ERRORS  # type: ignore[no-any-return]
 
 
 def test_catalogue_matches_the_contract_tables() -> None:

@@ -1,5 +1,5 @@
-"""Account-stream event ids are host-specific and process-specific (interface contract: not resumable across hosts or
-restarts)."""
+"""Account-stream event ids are host-specific and process-specific (docs/streams.md: not resumable across
+hosts or restarts)."""
 
 from __future__ import annotations
 

@@ -99,7 +99,8 @@ def create_app(
     ready_wait_s: float = 0.0,
 ) -> FastAPI:
     """The API host. `signer_wrapper` and `entitlement_factory` replace collaborators (fault tests, KMS);
-    `route_limits` replaces the spec's request-limit table (tests, an operator's tighter limits).
+    `route_limits` replaces the request-limit table of docs/api-conventions.md (tests, an operator's tighter
+    limits).
     `ready_wait_s`: how long the start-up may hold off serving until the host is ready (a worker process
     restarted on its host's port, gasless.cli.api_workers); 0 serves at once, /readyz answering 503."""
     keys = purpose_keys(settings)

@@ -1,4 +1,4 @@
-"""The error catalogue (interface contract: Errors) as data, the one exception type, and RFC 9457 rendering.
+"""The error catalogue (published as docs/errors.json) as data, the one exception type, and RFC 9457 rendering.
 
 Every error the API answers is an `ApiError` whose code is in `CATALOGUE`; `problem_document` is the only
 place that turns one into `application/problem+json`. The catalogue is versioned and published as JSON

@@ -209,7 +209,7 @@ class HostState:
     # The dependencies and the webhook backlog as the metrics read them (started in the lifespan).
     probe: OpsProbe | None = None
 
-    # Account-stream event ids (spec "Account stream" 3-4): `<hostId>.<bootEpochMs>.<seq>`. Only ids this
+    # Account-stream event ids (docs/streams.md, Events): `<hostId>.<bootEpochMs>.<seq>`. Only ids this
     # very process issued resume; another host's, or one from before a restart, starts with `reset`.
     def stream_event_id(self, seq: int) -> str:
         return f"{self.settings.host_id}.{self.boot_epoch_ms}.{seq}"

@@ -50,7 +50,7 @@ class HostMetrics:
         )
         self.stages = Histogram(
             "gasless_relay_stage_seconds",
-            "Relay stage durations of the intents this host moved (spec stage figures).",
+            "Relay stage durations of the intents this host moved (an Intent's `latency` figures).",
             ("stage",),
             buckets=STAGE_BUCKETS,
             registry=self.registry,
@@ -109,7 +109,7 @@ class HostMetrics:
             self._stage("total", received, finalized)
 
     def _stage(self, stage: str, start_ms: int | None, end_ms: int | None) -> None:
-        # A null input gives a null figure, left out (spec: "Stage timing").
+        # A null input gives a null figure (as in the Intent's `latency`), left out.
         if start_ms is None or end_ms is None:
             return
         self.stages.labels(stage).observe(max(0, int(end_ms) - int(start_ms)) / 1000)

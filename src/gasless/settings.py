@@ -2,7 +2,7 @@
 
 Sources, highest first: explicit keyword arguments, `GASLESS_*` environment variables, an optional TOML
 file (`GASLESS_CONFIG` or `Settings.load(config_file=...)`), then the network profile's defaults.
-Everything the spec lists as differing between networks comes from the profile.
+What differs between networks comes from the profile (docs/deploy.md, section 1).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ _DEFER_PRODUCTION_CHECK: ContextVar[bool] = ContextVar("gasless_defer_production
 
 @dataclass(frozen=True)
 class NetworkProfile:
-    """What differs between the networks the service can serve (spec: 'Everything that differs')."""
+    """What differs between the networks the service can serve (docs/deploy.md, section 1)."""
 
     name: ProfileName
     chain_id: str
@@ -187,8 +187,8 @@ class Settings(BaseSettings):
     billing_platform_ru_per_second: float = Field(default=2_000, gt=0)
     billing_platform_ru_burst: int = Field(default=6_000, ge=25)
     billing_free_flow_platform_per_day: int = Field(default=50_000, ge=0)
-    # The free-flow limits (spec: 10 per 24 h and 30 per 30 days per account; platform 20/s, burst 100);
-    # settable so tests and operators can reach or tighten them.
+    # The free-flow limits (docs/billing.md: 10 per 24 h and 30 per 30 days per account; platform 20/s,
+    # burst 100); settable so tests and operators can reach or tighten them.
     billing_free_flow_per_day: int = Field(default=10, ge=0)
     billing_free_flow_per_30_days: int = Field(default=30, ge=0)
     billing_free_flow_platform_per_second: float = Field(default=20, gt=0)
@@ -225,8 +225,8 @@ class Settings(BaseSettings):
     )
     webhook_poll_ms: int = Field(default=1_000, ge=10, le=60_000)
 
-    # Account stream (`GET /v1/stream`): keep-alive comment interval (spec 15 000 ms; a proxy with a shorter
-    # idle timeout needs less) and the coalescing window (spec 4 to 10 Hz: 100 to 250 ms).
+    # Account stream (`GET /v1/stream`, docs/streams.md): keep-alive comment interval (15 000 ms; a proxy
+    # with a shorter idle timeout needs less) and the coalescing window (4 to 10 Hz: 100 to 250 ms).
     stream_keepalive_ms: int = Field(default=15_000, ge=50, le=60_000)
     stream_coalesce_ms: int = Field(default=200, ge=100, le=250)
 

@@ -25,7 +25,8 @@ make_env = relay_env.make_env
 unpaused_localnet = relay_env.unpaused_localnet
 problem = relay_env.problem
 
-# The platform group of the interface contract's Errors table: code -> HTTP status (never retryable, no `resign`).
+# The platform group of the error catalogue (docs/errors.json), kept by hand: code -> HTTP status (never
+# retryable, no `resign`).
 PLATFORM_STATUS = {
     "UNAUTHENTICATED": 401,
     "TOKEN_INVALID": 401,

@@ -176,7 +176,7 @@ def check_relay_problem(
     resign: str,
     details: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A relay-group problem document for codes outside the relay suite's SPEC_ERRORS table."""
+    """A relay-group problem document for codes outside the relay suite's CONTRACT_ERRORS table."""
     assert response.status_code == status, f"{response.status_code}: {response.text}"
     assert response.headers["content-type"].startswith("application/problem+json"), response.headers
     body = response.json()

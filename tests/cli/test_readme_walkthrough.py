@@ -6,7 +6,8 @@ README.md's "Your first relayed transaction" is run as written: the commands of 
 (the plan path, then the credits path) are parsed out of the README and run one after the other. Each path
 ends with a relayed transfer FINALIZED: the plan path's billed on the plan it bought, the credits path's
 pay-as-you-go from the escrow its top-up filled. And a URL given for the wrong thing is named for what it
-is (the status site, the metrics listener, the API as a gateway, a server that is no gasless endpoint)."""
+is (the status site, the metrics listener, the API as a gateway, a server that is no gasless endpoint), by
+the CLI's option checks and by `gasless mcp` alike."""
 
 from __future__ import annotations
 
@@ -59,11 +60,18 @@ class Embedded:
     metrics: str
     status_site: str
 
-    def run(self, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    def run(self, argv: list[str], stdin: int | None = None) -> subprocess.CompletedProcess[str]:
         """A command as a user types it in `root` (`.venv/bin/gasless ...`), the API from the environment."""
         env = piped_env(GASLESS_API_URL=self.api)  # the README's commands name no port: the API is this one
         return subprocess.run(
-            argv, cwd=self.root, env=env, capture_output=True, text=True, timeout=300, check=False
+            argv,
+            cwd=self.root,
+            env=env,
+            stdin=stdin,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
         )
 
 
@@ -150,3 +158,24 @@ def test_a_url_for_the_wrong_thing_is_named_for_what_it_is(embedded: Embedded, o
     assert f"--gateway {embedded.api} does not answer as a MultiversX gateway: it is a gasless API" in line
     line = error_line(done := embedded.run([*send, embedded.status_site]))
     assert "it is the gasless status site" in line and "is it the gasless API?" not in line, line
+
+
+def test_gasless_mcp_names_a_wrong_api_url_as_the_cli_does(embedded: Embedded, other_server: str) -> None:
+    """`gasless mcp --api URL` starts whatever answers there, but its stderr line (the reason its tools'
+    UPSTREAM_UNAVAILABLE gives too) names what the URL is, through the CLI's own check (gasless.endpoints).
+    With stdin closed the server ends after its start, so each run is short."""
+    mcp = [".venv/bin/gasless", "mcp", "--api"]
+    expected = {
+        embedded.status_site: "it is the gasless status site",
+        embedded.metrics: "it is a metrics listener",
+        embedded.gateway: "it is a MultiversX gateway",
+        other_server: "GET /healthz answered HTTP 404 (text/html): it is not a gasless endpoint",
+    }
+    for url, what in expected.items():
+        done = embedded.run([*mcp, url], stdin=subprocess.DEVNULL)
+        said = f"{done.returncode}\n{done.stderr}"
+        assert f"gasless mcp: --api {url} does not answer as a gasless API: {what}" in done.stderr, said
+        # No `--gateway` option here, so no "swapped?" hint.
+        assert "is it the gateway?" not in done.stderr and "swapped" not in done.stderr, said
+    done = embedded.run([*mcp, embedded.api], stdin=subprocess.DEVNULL)
+    assert done.returncode == 0 and "does not answer" not in done.stderr, done.stderr

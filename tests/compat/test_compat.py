@@ -1,9 +1,10 @@
 """The compat facade through a client written to the starter kit's behaviour (kit_client.py): relayer
 address cached forever, the kit's main path (10 050 000 gas) and contract calls to finality, draining and
-retired relayers, every status of compat rule 4 with its `error` string and problem `code`, the kit's
-string checks ("register", "Quota exceeded") and registration calls, trailing slashes, `/health` following
-readiness, the billing shared with the native path (usage row with the compat route), relays above the
-burst, and the rendezvous answers (a property, and literal answers pinned for fixed relayer sets)."""
+retired relayers, every status of docs/compat.md ("Statuses and error bodies") with its `error` string and
+problem `code`, the kit's string checks ("register", "Quota exceeded") and registration calls, trailing
+slashes, `/health` following readiness, the billing shared with the native path (usage row with the compat
+route), relays above the burst, and the rendezvous answers (a property, and literal answers pinned for fixed
+relayer sets)."""
 
 from __future__ import annotations
 
@@ -357,7 +358,7 @@ def test_the_relayer_answers_are_pinned_across_restarts_hosts_and_a_draining_rel
     with host_on(tmp_path / "b", localnet, host_id="b") as env:  # another host, its own database
         assert answers(env) == pinned
         operator.set_relayer_state(env, "draining", S1_R0)
-        # Only the users of the draining relayer move; their cached answer is still accepted (rule 1).
+        # Only the users of the draining relayer move; their cached answer is still accepted (docs/compat.md).
         assert answers(env) == [S1_R1] * len(S1_USERS)
     with host_on(tmp_path / "a", localnet) as env:  # the contract is the authority for every host
         assert answers(env) == [S1_R1] * len(S1_USERS)

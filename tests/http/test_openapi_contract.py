@@ -51,8 +51,8 @@ CACHED_READS = (
     "listRelayers",
     "getRelayer",
 )
-# Names the interface contract's endpoint tables give to request and response shapes of the implemented operations.
-SPEC_SCHEMAS = {
+# The public names of request and response shapes of the implemented operations (a rename is a contract change).
+CONTRACT_SCHEMAS = {
     "PricingDocument",
     "NotificationPrefs",
     "NotificationPrefsUpdate",
@@ -263,7 +263,7 @@ def test_listed_codes_belong_to_their_status(document: dict[str, Any]) -> None:
             for code in response.get("x-error-codes", []):
                 assert code in CATALOGUE, f"{method} {path}: {code}"
                 expected = CATALOGUE[code].status
-                if is_compat_path(path):  # the facade answers the kit's statuses (compat rule 4)
+                if is_compat_path(path):  # the facade answers the kit's statuses (docs/compat.md)
                     expected = compat_status(code, expected)
                 assert expected == int(status), f"{method} {path} {status}: {code}"
 
@@ -272,7 +272,7 @@ def test_every_operation_documents_malformed_input_and_internal_failure(document
     for path, method, operation in operations(document):
         responses = operation["responses"]
         if is_compat_path(path):
-            # The frozen facade answers only the kit's statuses (compat rule 4): an invalid address is 404,
+            # The frozen facade answers only the kit's statuses (docs/compat.md): an invalid address is 404,
             # a body too large is 400, and 503-class conditions are 500.
             assert set(responses) <= {"200", "400", "403", "404", "429", "500"}, f"{method} {path}"
             assert "INTERNAL" in responses["500"]["x-error-codes"], f"{method} {path}"
@@ -416,8 +416,8 @@ def test_event_stream_is_documented_as_text_event_stream(document: dict[str, Any
 
 
 # Names and success shapes ---------------------------------------------------------------------------------
-def test_schema_names_and_success_responses_are_the_specs(document: dict[str, Any]) -> None:
-    assert SPEC_SCHEMAS <= set(document["components"]["schemas"])
+def test_schema_names_and_success_responses_are_the_contracts(document: dict[str, Any]) -> None:
+    assert CONTRACT_SCHEMAS <= set(document["components"]["schemas"])
     by_id = {operation["operationId"]: operation for _, _, operation in operations(document)}
 
     def ok_schema(op_id: str, status: str = "200") -> Any:
@@ -448,7 +448,7 @@ def test_schema_names_and_success_responses_are_the_specs(document: dict[str, An
 
 
 # Formats: identifiers by reference, every integer with its range ---------------------------------------------
-def test_identifier_schemas_carry_the_spec_s_patterns(document: dict[str, Any]) -> None:
+def test_identifier_schemas_carry_their_patterns(document: dict[str, Any]) -> None:
     schemas = document["components"]["schemas"]
     assert schemas["Address"]["pattern"] == "^erd1[qpzry9x8gf2tvdw0s3jn54khce6mua7l]{58}$"
     assert schemas["TxHash"]["pattern"] == "^[0-9a-fA-F]{64}$"
@@ -463,7 +463,7 @@ def test_identifier_schemas_carry_the_spec_s_patterns(document: dict[str, Any]) 
 
 def test_identifiers_are_documented_by_reference(document: dict[str, Any]) -> None:
     """Wherever an address, a hash or an intent id appears as a parameter, the parameter refers to the
-    spec's schema (so its pattern is the one place that says what is accepted)."""
+    document's shared schema (so its pattern is the one place that says what is accepted)."""
     by_name = {
         "erd": "Address",
         "sender": "Address",

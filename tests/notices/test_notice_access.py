@@ -79,3 +79,21 @@ def test_roles_pages_and_refusals(served: Any, problem: Any, platform_problem: A
         "escrowBelowMicro": None,
         "paygSpentMicro": None,
     }
+
+
+def test_a_kind_switch_that_is_not_a_boolean_is_refused(served: Any, problem: Any) -> None:
+    """`kinds` maps a kind to a boolean (schema `NotificationPrefsUpdate`): `0`, `1` or `"false"` is not
+    coerced but refused as a problem document, and the stored preferences stay as they were."""
+    server, _env, auth = served(**FAST)
+    account = auth.account()
+    owner = auth.bearer(account)
+    document = server.client.get("/openapi.json").json()
+    kinds = document["components"]["schemas"]["NotificationPrefsUpdate"]["properties"]["kinds"]
+    assert kinds["additionalProperties"] == {"type": "boolean"}, kinds
+    switched = put_prefs(server.client, account, owner, {"kinds": {"plan.threshold": False}})
+    assert switched.status_code == 200 and switched.json()["kinds"]["plan.threshold"] is False, switched.text
+    for value in (0, 1, "false", None):
+        refused = put_prefs(server.client, account, owner, {"kinds": {"plan.threshold": value}})
+        problem(refused, "MALFORMED_REQUEST")
+    kept = server.client.get(f"/v1/account/{account.address}/notifications", headers=owner).json()
+    assert kept["kinds"]["plan.threshold"] is False and kept["updatedAtMs"] == switched.json()["updatedAtMs"]

@@ -55,7 +55,7 @@ def make_env(tmp_path: Path, unpaused_localnet: Any) -> Iterator[Callable[..., R
 # Error-path helpers (test_relay_errors, test_relay_bad_input, test_assign_errors) ------------------------
 # The oracle is this table, kept by hand apart from the service's catalogue (published as docs/errors.json):
 # code -> (HTTP status, retryable, resign or None outside the relay group, required `details` members).
-SPEC_ERRORS: dict[str, tuple[int, bool, str | None, tuple[str, ...]]] = {
+CONTRACT_ERRORS: dict[str, tuple[int, bool, str | None, tuple[str, ...]]] = {
     "MALFORMED_REQUEST": (400, False, "NONE", ("field",)),
     "VARIANTS_NOT_SUPPORTED": (400, False, "NONE", ()),
     "RELAYER_SIGNATURE_PRESENT": (400, False, "NONE", ()),
@@ -136,7 +136,7 @@ DOCS_ERRORS_URL = "https://docs.gasless.example/errors/"
 
 def check_problem(response: Any, code: str) -> dict[str, Any]:
     """The response is the interface contract's problem document for `code`; returns it."""
-    status, retryable, resign, details = SPEC_ERRORS[code]
+    status, retryable, resign, details = CONTRACT_ERRORS[code]
     assert response.status_code == status, f"{response.status_code}: {response.text}"
     assert response.headers["content-type"].startswith("application/problem+json"), response.headers
     body = response.json()

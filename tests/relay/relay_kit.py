@@ -35,7 +35,7 @@ MASTER_SECRET = "relay-tests-master-secret-0123456789abcdef"
 def unthrottled_limits() -> RouteLimitTable:
     """The interface contract's request-limit table with every class but assignment out of reach: functional tests read
     status and validate far more often than one IP may (test_route_limits.py tests those classes, with the
-    spec's table and tight ones of its own); the assignment limits stay as the interface contract sets them."""
+    interface contract's table and tight ones of its own); the assignment limits stay as the interface contract sets them."""
     huge = 1_000_000
     values: dict[str, Any] = {}
     for name, value in vars(RouteLimitTable()).items():

@@ -2,7 +2,7 @@
 
 Presence proofs (missing, stale, wrong key, wallet-prefixed, ...), the per-IP and per-sender rate limits,
 relayer availability, cancel and renew leases, the signer's state and the host clock; each answer is the
-spec's problem document (checked with the `problem` fixture).
+catalogue's problem document (checked with the `problem` fixture).
 """
 
 from __future__ import annotations

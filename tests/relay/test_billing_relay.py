@@ -252,8 +252,8 @@ def test_key_as_bearer_refused(env: Any) -> None:
 
 
 def test_data_above_4096_bytes_only_for_allow_listed_accounts(make_env: Any, problem: Any) -> None:
-    """Interface contract: data above 4 096 bytes on a self-serve account is DATA_TOO_LARGE; more only by allow-list
-    (per paying account). Without any allow-listed account the static check refuses it (STATIC_CASES)."""
+    """docs/billing.md: data above 4 096 bytes on a self-serve account is DATA_TOO_LARGE; more only by
+    allow-list (per paying account). Without any allow-listed account the static check refuses it (STATIC_CASES)."""
     listed = Sender(key_in_shard(1))
     env = make_env(billing_data_allowlist=[listed.address])
     env.owner("grant", [_addr(listed), 3, 1])

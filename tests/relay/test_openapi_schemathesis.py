@@ -88,7 +88,7 @@ BUSINESS_REFUSALS = {
     "x402Topup": ["402", "422"],
     "x402Purchase": ["402", "422"],
     "getX402Payment": ["402"],
-    # The frozen facade answers every validation failure of the kit's transaction with 400 (compat rule 4);
+    # The frozen facade answers every validation failure of the kit's transaction with 400 (docs/compat.md);
     # its schema is the kit's free-form plain object.
     "compatRelay": ["400"],
 }

@@ -610,7 +610,7 @@ def test_no_entitlement_names_the_sender_in_payment_required(
 
 
 def test_a_flag_call_needs_an_account_of_its_own(env: Any, problem: Any, nothing_sent: Any) -> None:
-    """Flag calls are co-signed only for an address with an on-chain account (Purchase builders rule 3)."""
+    """Flag calls are co-signed only for an address with an on-chain account (docs/billing.md, "Free flow")."""
     sender = env.new_sender(1, plan=False)
     assignment = env.assign(sender)
     tx = contract_call(env, sender, assignment, b"setAutoRenew@01", 5_000_000)
@@ -648,6 +648,28 @@ def test_contract_paused_for_a_billed_contract_call(
     body = problem(env.relay(tx, assignment["lease"]), "CONTRACT_PAUSED")
     assert body["details"]["scope"] == "global"
     nothing_sent(env, tx, "CONTRACT_PAUSED")
+
+
+def test_ordinary_transfers_continue_while_the_contract_is_paused(
+    env: Any, problem: Any, nothing_sent: Any
+) -> None:
+    """A global pause stops calls to the billing contract only (docs/billing.md, entitlement order 0): the
+    contract call of an account with a plan is 503 CONTRACT_PAUSED, and then a plain transfer of the same
+    account, at the very nonce the refused call left free, is relayed and billed on its plan."""
+    env.owner("setPaused", [True])
+    sender = env.new_sender(1)  # an account with a plan
+    assignment = env.assign(sender)
+    other = key_in_shard(1).generate_public_key().buffer
+    call = contract_call(env, sender, assignment, b"addSenders@0f4240@" + other.hex().encode(), 20_000_000)
+    body = problem(env.relay(call, assignment["lease"]), "CONTRACT_PAUSED")
+    assert body["details"]["scope"] == "global"
+    nothing_sent(env, call, "CONTRACT_PAUSED")
+    assignment = env.assign(sender)
+    transfer = env.build(sender, assignment)  # to an ordinary account of the shard, no data, no value
+    assert transfer.receiver.to_bech32() != env.contract
+    relayed = accepted(env, transfer, assignment["lease"])
+    assert relayed["billing"]["billingClass"] == "plan" and relayed["billing"]["account"] == sender.address
+    assert env.wait_state(relayed["id"], ("EXECUTED", "FINALIZED"))["outcome"] == "success"
 
 
 def test_contract_paused_for_an_esdt_deposit(env: Any, problem: Any, nothing_sent: Any) -> None:

@@ -63,7 +63,7 @@ def test_payg_price_above_max_then_empty_escrow(env: Any, problem: Any) -> None:
     env.owner("grant", [_addr(account), PAYG_TIER, 1])
     _user_call(env, account, "setPayg", [True, 0, False, SEED_RU_PRICE_MICRO - 1])
     refused = _relay_until(env, account, "PAYG_PRICE_ABOVE_MAX")
-    # Purchase group (spec Errors): 409, not retryable; checked here as the spec's table states it.
+    # Purchase group: 409, not retryable; checked here as the error catalogue (docs/errors.json) states it.
     body = refused.json()
     assert refused.status_code == 409 and body["code"] == "PAYG_PRICE_ABOVE_MAX" and body["status"] == 409
     assert refused.headers["content-type"].startswith("application/problem+json")

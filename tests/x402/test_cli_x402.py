@@ -1,5 +1,6 @@
-"""`gasless x402 topup|purchase` end to end: a subprocess paying an API served by uvicorn (the spec's request
-limits: the CLI paces itself by Retry-After), then the account shows the credits and the plan."""
+"""`gasless x402 topup|purchase` end to end: a subprocess paying an API served by uvicorn (the request
+limits of docs/api-conventions.md: the CLI paces itself by Retry-After), then the account shows the credits
+and the plan."""
 
 from __future__ import annotations
 

@@ -252,10 +252,10 @@ def test_the_payment_id_and_the_request_must_match(env: Any) -> None:
     problem = refused(env, body, header_with(required, payer, drop_id), "PAYMENT_INVALID")
     assert problem["details"]["reason"] == "payment_id_missing"
     # The id where the interface contract writes it (`.id`) is accepted as well as x402's `.info.id`.
-    header, _ = pay_header(required, UserKey(payer.key), payment_id="pay_spec_place_0123456789")
+    header, _ = pay_header(required, UserKey(payer.key), payment_id="pay_id_place_0123456789")
     document = decode_payment_signature_header(header)
     assert isinstance(document, PaymentPayload) and document.extensions is not None
-    document.extensions["payment-identifier"] = {"id": "pay_spec_place_0123456789"}
+    document.extensions["payment-identifier"] = {"id": "pay_id_place_0123456789"}
     other = refused(
         env,
         {**body, "amountMicroUsdc": 99_000_000},
@@ -263,12 +263,12 @@ def test_the_payment_id_and_the_request_must_match(env: Any) -> None:
         "PAYMENT_INVALID",
     )
     assert other["details"]["reason"] == "request_mismatch"
-    check_nothing_cosigned(env, payer, "pay_spec_place_0123456789")
+    check_nothing_cosigned(env, payer, "pay_id_place_0123456789")
     paid = env.client.post(
         TOPUP, json=body, headers={"PAYMENT-SIGNATURE": encode_payment_signature_header(document)}
     )
     assert paid.status_code == 200, paid.text
-    assert paid.json()["paymentId"] == "pay_spec_place_0123456789"
+    assert paid.json()["paymentId"] == "pay_id_place_0123456789"
 
 
 def test_pauses_are_answered_before_any_cosignature(env: Any) -> None:

@@ -1,4 +1,5 @@
-"""Per-action signatures: the account's own key confirms one sensitive change (interface contract: Authentication 9, 11).
+"""Per-action signatures: the account's own key confirms one sensitive change (docs/auth.md, "Per-action
+signatures and challenges").
 
 A native-auth token proves who calls; it lives for its whole validity and sits in a browser. Some actions
 hand out the account's money (creating a sponsor API key lets whoever holds the key spend the account's

@@ -156,7 +156,7 @@ class BillingEntitlement:
         head = (tx.data or b"").split(b"@", 1)[0].decode("ascii", "replace")
         if head in NON_FUNGIBLE_TRANSFERS and sender != account and not listed:
             # Paid by the sender's own plan or one naming the sender; a sponsor key only for a destination
-            # its receiver list names (spec: RECEIVER_NOT_ALLOWED).
+            # its receiver list names, else RECEIVER_NOT_ALLOWED (docs/billing.md).
             owner_of_sender = await self.mirror.paying_account(sender)
             if owner_of_sender is None or owner_of_sender[0] != account:
                 raise ApiError(
@@ -407,7 +407,8 @@ def bech32_of(raw: Any) -> str:
 
 
 def _renews_another(tx: Transaction, function: str) -> bool:
-    """`renew(address)` for an account other than the signer's: free only for oneself (rule 3)."""
+    """`renew(address)` for an account other than the signer's: free only for oneself (docs/billing.md,
+    "Free flow")."""
     if function != "renew":
         return False
     parts = bytes(tx.data).split(b"@")

@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-MAX_DATA_BYTES_SELF_SERVE = (
-    4_096  # interface contract: Limits, per-transaction ceilings (more only by allow-list)
-)
-# The account's flag calls (interface contract: Purchase builders rule 3): free up to the per-account free flag limits,
-# only for an address with an on-chain account; `renew` is free only for the signer's own account.
+MAX_DATA_BYTES_SELF_SERVE = 4_096  # docs/billing.md: the self-serve data ceiling (more only by allow-list)
+# The account's flag calls (docs/billing.md, "Free flow"): free up to the per-account free flag limits, only
+# for an address with an on-chain account; `renew` is free only for the signer's own account.
 FLAG_FUNCTIONS = frozenset({"setAutoRenew", "setPayg", "releaseEscrow", "renew"})
 # The billing contract's errors that mean a catalogue condition: a failed execution reports the code on its
 # intent (`failure`) and usage row (`failureCode`), e.g. an addSenders fee raised above the signed max_fee.

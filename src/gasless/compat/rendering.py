@@ -1,9 +1,9 @@
 """The kit's view of the one problem renderer: on the kit's paths every error answer keeps its RFC 9457
 problem document (with the catalogue `code`), gains the `error` string the kit reads, and takes one of the
-statuses the kit knows (compat rule 4): 400 for any validation failure (and RELAYER_RETIRED, whose `error`
-says to delete `.relayer_cache.json`), 403 for NO_ENTITLEMENT and SENDER_NOT_AUTHORIZED, 404 for an unknown
-address or path, 429 for quota cases (`error` starting `Quota exceeded`), 500 for everything else (503-class
-conditions included). Framework answers (a body too large, bad JSON, a limit) pass through the same map.
+statuses the kit knows (docs/compat.md, "Statuses and error bodies"): 400 for any validation failure
+(and RELAYER_RETIRED, whose `error` says to delete `.relayer_cache.json`), 403 for NO_ENTITLEMENT and
+SENDER_NOT_AUTHORIZED, 404 for an unknown address or path, 429 for quota cases (`error` starting `Quota
+exceeded`), 500 for everything else (503-class conditions included). Framework answers (a body too large, bad JSON, a limit) pass through the same map.
 
 The kit's paths are the facade's three routes, the calls its registration flow makes (`/challenge`,
 `/register`) and anything under them; a trailing slash is dropped before routing, so `/relay/` is served as

@@ -1,4 +1,4 @@
-"""The compat facade on the one relay core (interface contract: Compatibility facade, compat relay rules 1-5).
+"""The compat facade on the one relay core (docs/compat.md, "Compat relay rules").
 
 - The relayer of a user is a rendezvous (highest-random-weight) choice over its shard's active relayers
   (the contract's states, never funding): a pure function of the user and that set, with no state and no
@@ -32,8 +32,8 @@ from gasless.relay.leases import LeaseCodec
 from gasless.relay.relayers import RelayerInfo, RelayerPool
 from gasless.relay.service import RelayMode, RelayService
 
-COMPAT_LEASE_MS = 5_000  # interface contract: compat internal lease
-COMPAT_MAX_GAS_LIMIT = 60_000_000  # interface contract: compat relay
+COMPAT_LEASE_MS = 5_000  # docs/compat.md: the internal lease
+COMPAT_MAX_GAS_LIMIT = 60_000_000  # docs/compat.md: the gas limit ceiling
 
 
 def rendezvous(user_pubkey: bytes, relayers: list[RelayerInfo]) -> RelayerInfo | None:

@@ -122,8 +122,9 @@ COMPONENTS: dict[str, dict[str, Any]] = {
     "Address": {
         "title": "Address",
         "description": "A bech32 address of the network: `erd1` and 58 characters of the bech32 alphabet "
-        "(32-byte public key and checksum), lower case. A string of this shape whose checksum does not "
-        "verify is refused like any other malformed address (400 MALFORMED_REQUEST).",
+        "(32-byte public key and checksum), lower case. The bech32 checksum is verified, which no pattern "
+        "expresses: a string of this shape whose checksum does not verify is refused like any other "
+        "malformed address (400 MALFORMED_REQUEST).",
         "type": "string",
         "format": "erd-address",
         "pattern": ADDRESS_PATTERN,

@@ -1,7 +1,7 @@
 """What the OpenAPI document says about each operation beyond FastAPI's generation: its error statuses
 and codes, its security, whether it is a cached read. Keyed by operation id; `default_contract` covers an
 operation that is not listed yet (read from its shape), so a new route is documented sensibly at once and
-listed here when its table row in the interface contract says more.
+listed here when it answers more (specific codes, 402, 409, ...).
 """
 
 from __future__ import annotations
@@ -80,8 +80,8 @@ _RELAY_422 = (
     "IDEMPOTENCY_KEY_REUSED",
 )
 
-# The interface contract's endpoint tables, plus 400 MALFORMED_REQUEST where there is input, 413 on bodies, 500, and 503
-# UPSTREAM_UNAVAILABLE on routes that need the relay core (answered while the host is still starting).
+# Each operation's error statuses and codes, plus 400 MALFORMED_REQUEST where there is input, 413 on bodies,
+# 500, and 503 UPSTREAM_UNAVAILABLE on routes that need the relay core (answered while the host is still starting).
 OPERATIONS: dict[str, OperationContract] = {
     # Meta
     "getHealth": OperationContract({500: ("INTERNAL",)}),
@@ -181,7 +181,7 @@ OPERATIONS: dict[str, OperationContract] = {
             503: _STARTING,
         }
     ),
-    # Account reads and keys (spec tables; the routes arrive with the platform issues)
+    # Account reads and keys
     "getMe": OperationContract(
         {
             401: _NATIVE_ROUTE_401,
@@ -205,7 +205,7 @@ OPERATIONS: dict[str, OperationContract] = {
 }
 
 
-# Contract mirror reads (interface contract: Account reads) and the usage proof (Dashboard read models).
+# Contract mirror reads (docs/mirror.md) and the usage proof (docs/usage.md, docs/settlement.md).
 _MIRROR_READ: dict[int, tuple[str, ...]] = {
     400: ("MALFORMED_REQUEST",),
     404: ("NOT_FOUND",),
@@ -239,7 +239,7 @@ OPERATIONS.update(
 
 
 def _key_route(*extra: int) -> OperationContract:
-    """Keys routes (interface contract: Keys, webhooks, notifications, streams): native-auth, owner writes."""
+    """Keys routes (docs/auth.md, "Sponsor API keys"): native-auth, owner writes."""
     problems: dict[int, tuple[str, ...]] = {
         400: ("MALFORMED_REQUEST",),
         401: _NATIVE_ROUTE_401,
@@ -264,14 +264,14 @@ def _signed_action(contract: OperationContract) -> OperationContract:
 OPERATIONS.update(
     {
         "listApiKeys": _key_route(),
-        # The interface contract's 422 on these rows has no catalogue code: schema failures are 400 MALFORMED_REQUEST.
+        # Schema failures are 400 MALFORMED_REQUEST, as everywhere (no catalogue code is a 422 for them).
         "createApiKey": _signed_action(_key_route(409, 413)),
         "updateApiKey": _key_route(404, 413),
         "revokeApiKey": _key_route(404),
     }
 )
 
-# Streams (interface contract: Keys, webhooks, notifications, streams): native-auth or a read key; `GET /v1/stream` also
+# Streams (docs/streams.md): native-auth or a read key; `GET /v1/stream` also
 # takes a single-use ticket in the query (the empty alternative: no header credential).
 _STREAM_PROBLEMS: dict[int, tuple[str, ...]] = {
     400: ("MALFORMED_REQUEST",),
@@ -364,7 +364,7 @@ def security_of(operation: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
     return tuple(tuple(requirement) for requirement in operation.get("security", ()))
 
 
-# Usage reads (interface contract: Dashboard read models): native-auth owner/sender or a sponsor key with `read`.
+# Usage reads (docs/usage.md): native-auth owner/sender or a sponsor key with `read`.
 def _usage_route(*extra: int) -> OperationContract:
     problems: dict[int, tuple[str, ...]] = {
         400: ("MALFORMED_REQUEST",),
@@ -401,14 +401,14 @@ OPERATIONS.update(
         "ackNotices": dataclasses.replace(
             _usage_route(), problems={**_usage_route().problems, 413: ("PAYLOAD_TOO_LARGE",)}
         ),
-        # Notification preferences (interface contract: Keys, webhooks, notifications): as the key routes.
+        # Notification preferences (docs/notices.md): as the key routes.
         "getNotificationPrefs": _key_route(),
         "putNotificationPrefs": _key_route(413),
     }
 )
 
 
-# Incidents (interface contract: Registry and status): public cached reads; a malformed id is simply not found.
+# Incidents (docs/incidents.md): public cached reads; a malformed id is simply not found.
 OPERATIONS.update(
     {
         "listIncidents": OperationContract(
@@ -425,7 +425,7 @@ OPERATIONS.update(
 )
 
 
-# Pricing (interface contract: Pricing): public cached reads built from the contract's views.
+# Pricing (docs/purchases.md): public cached reads built from the contract's views.
 OPERATIONS.update(
     {
         "getPricing": OperationContract(
@@ -445,7 +445,7 @@ OPERATIONS.update(
 )
 
 
-# Purchase builders (interface contract: Purchase builders): public, limited per IP; nothing is built when refused.
+# Purchase builders (docs/purchases.md): public, limited per IP; nothing is built when refused.
 _PREPARE_COMMON: Mapping[int, tuple[str, ...]] = {
     400: ("MALFORMED_REQUEST",),
     413: ("PAYLOAD_TOO_LARGE",),
@@ -485,7 +485,7 @@ OPERATIONS.update(
     }
 )
 
-# x402 (interface contract: x402 purchase flow). A relay refusal that a retry may cure passes through with its own code
+# x402 (docs/x402.md). A relay refusal that a retry may cure passes through with its own code
 # (the payment record is dropped, so the same payment id can be retried); the others make the payment
 # PAYMENT_FAILED (or PAYMENT_INVALID when the payment itself did not verify).
 _X402_PAID: Mapping[int, tuple[str, ...]] = {
@@ -534,7 +534,7 @@ OPERATIONS.update(
     }
 )
 
-# The starter-kit facade (interface contract: Compatibility facade, compat rule 4): only 200, 400, 403, 404, 429 and 500;
+# The starter-kit facade (docs/compat.md, "Statuses and error bodies"): only 200, 400, 403, 404, 429 and 500;
 # every error is a problem document with the catalogue code and the kit's `error` string.
 _COMPAT_400 = (
     "MALFORMED_REQUEST",
@@ -567,7 +567,7 @@ OPERATIONS.update(
     }
 )
 
-# The relayer registry (interface contract: Registry and status).
+# The relayer registry (docs/architecture.md, `registry/`).
 OPERATIONS.update(
     {
         "listRelayers": OperationContract(

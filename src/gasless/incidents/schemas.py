@@ -1,4 +1,4 @@
-"""Incident shapes (interface contract: "Status, incidents"; members chosen in docs/incidents.md)."""
+"""Incident shapes (members chosen in docs/incidents.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Request limits: token buckets and concurrency slots, in process or shared through Redis.
 
-The route-class table of the interface contract ("Request limits outside the relay path", plus the assignment limits) is
+The route-class table (docs/api-conventions.md, "Route classes", the assignment limits included) is
 `RouteLimitTable`: data, in one place. `RouteLimiter` applies one of its rules to a key and answers a
 `Decision`, raising `RATE_LIMITED` (with the `RateLimit-*` headers) when the rule refuses. The embedded
 default keeps buckets in process; with `settings.redis_url` the Redis backends (`redis_backend.py`) share
@@ -272,7 +272,8 @@ def _frozen(values: dict[int, Rate] | dict[int, int]) -> Mapping[int, Rate] | Ma
 
 @dataclass(frozen=True)
 class RouteLimitTable:
-    """The interface contract's request limits; where it names no burst, the burst is one stated period's allowance.
+    """The request limits of docs/api-conventions.md; a rate without a burst of its own bursts one period's
+    allowance.
 
     Names are the bucket names (Redis keys carry them). Rate classes 1..6 index the per-class rules.
     """

@@ -21,6 +21,8 @@ from typing import Any
 import anyio
 import httpx2
 
+from gasless import endpoints
+from gasless.endpoints import Answer, Unanswered
 from gasless.errors import ApiError
 
 API_KEY_HEADER = "X-Api-Key"
@@ -40,18 +42,6 @@ class ApiAnswer:
 
     def json(self) -> Any:
         return json.loads(self.body) if self.body else None
-
-
-def health_problem(status: int, body: bytes) -> str | None:
-    """Why `GET /healthz`'s answer is not a gasless API's Health document (None when it is one)."""
-    try:
-        health = json.loads(body) if body else None
-    except ValueError:
-        health = None
-    keys = ("status", "hostId", "chainId", "version")
-    if status == 200 and isinstance(health, dict) and all(isinstance(health.get(k), str) for k in keys):
-        return None
-    return f"GET /healthz answered HTTP {status} without a gasless Health document (is it the gateway?)"
 
 
 class UpstreamWatch:
@@ -89,12 +79,24 @@ class UpstreamWatch:
         )
 
     async def probe(self, client: httpx2.AsyncClient) -> str | None:
-        """Why the API is not usable now (None: it answered `GET /healthz` as a gasless API)."""
+        """Why the API is not usable now (None: it answered `GET /healthz` as a gasless API). A URL that
+        answers as something else is named for what it is, as the CLI's `--api` check names it."""
+
+        async def get(path: str) -> Answer:
+            try:
+                answer = await client.get(f"{self.base_url}{path}", headers={"Accept": "application/json"})
+            except httpx2.HTTPError as exc:
+                raise Unanswered(does_not_answer(exc)) from None
+            media_type = answer.headers.get("Content-Type", "").split(";")[0].strip()
+            return Answer(path, answer.status_code, media_type, answer.text)
+
         try:
-            answer = await client.get(f"{self.base_url}/healthz", headers={"Accept": "application/json"})
-        except httpx2.HTTPError as exc:
-            return does_not_answer(exc)
-        return health_problem(answer.status_code, answer.content)
+            answer = await get("/healthz")
+        except Unanswered as exc:
+            return str(exc)
+        if endpoints.health(answer) is not None:
+            return None
+        return f"does not answer as a gasless API: {await endpoints.what_it_is(get, answer)}"
 
     async def run(self, client: httpx2.AsyncClient) -> None:
         """Probe while the API is down, until cancelled (the server's task group ends it)."""

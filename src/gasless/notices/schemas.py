@@ -1,4 +1,4 @@
-"""Notice shapes (interface contract: notice; kinds and members are ours, docs/notices.md)."""
+"""Notice shapes (kinds and members: docs/notices.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Notification preference shapes (interface contract: NotificationPrefs, NotificationPrefsUpdate; members are ours)."""
+"""Notification preference shapes: the OpenAPI document's NotificationPrefs and NotificationPrefsUpdate
+(members: docs/notices.md)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from gasless.pricing.schemas import Audience, PricingDocument, TariffHistoryPage
 router = api_router(tags=["pricing"])
 
 # The document is rebuilt from the contract at most every 3 000 ms; with max-age=3 a client's copy is never
-# more than 6 000 ms old (interface contract: pricing cache at most 6 000 ms).
+# more than 6 000 ms old (docs/api-conventions.md, "Caching": pricing at most 6 000 ms).
 PRICING_CACHE = "public, max-age=3"
 TARIFF_HISTORY_CACHE = "public, max-age=5"
 

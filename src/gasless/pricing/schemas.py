@@ -1,7 +1,7 @@
 """The pricing document (schema version `pricing-v1`) and the tariff history entries.
 
-Money (micro-USDC), RU, gas and atto amounts are decimal strings (interface contract: data conventions, pricing
-documents); ids, versions and durations (`...Ms`) are JSON integers.
+Money (micro-USDC), RU, gas and atto amounts are decimal strings (docs/purchases.md,
+docs/schemas/pricing-v1.json); ids, versions and durations (`...Ms`) are JSON integers.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The pricing document and the tariff history, from the billing contract's views.
 
 The document is rebuilt from fresh views at most every `ttl_ms` (3 000 ms) and served with `max-age=3`, so
-what a client holds is never more than 6 000 ms older than the contract (interface contract: pricing cache). The pending
+what a client holds is never more than 6 000 ms older than the contract (docs/api-conventions.md,
+"Caching"). The pending
 `sender_fee_ru` is never published: `getConfig` reports the fee in force (an increase waits its notice).
 """
 

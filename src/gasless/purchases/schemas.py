@@ -1,7 +1,7 @@
-"""Request and response shapes of the purchase builders (interface contract: Prepared transactions, Quotes).
+"""Request and response shapes of the purchase builders (docs/purchases.md).
 
 A builder answers unsigned transactions for the user to sign once and relay; money, RU and gas of the
-purchase quote are decimal strings (interface contract: data conventions), `feeMicroUsdc` and `ru` of a prepared
+purchase quote are decimal strings (docs/purchases.md), `feeMicroUsdc` and `ru` of a prepared
 transaction are integers (operational values).
 """
 

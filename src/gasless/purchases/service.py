@@ -1,4 +1,4 @@
-"""The purchase builders (interface contract: Purchase builders, rules 1-4): what to sign to buy a plan, deposit, change
+"""The purchase builders (docs/purchases.md, "The builders"): what to sign to buy a plan, deposit, change
 the account's flags or its authorised senders, checked against the contract's views before anything is built.
 
 Every refusal the contract would make is answered here with the catalogue's code, so a user never signs a

@@ -1,4 +1,4 @@
-"""RelayerRegistry and RelayerPublicDetail (interface contract: Relayer registry entry): never a balance."""
+"""RelayerRegistry and RelayerPublicDetail (the OpenAPI document's schemas): never a balance."""
 
 from __future__ import annotations
 

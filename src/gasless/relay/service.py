@@ -1,4 +1,5 @@
-"""POST /v1/relay, /v1/validate and /v1/quote: the checks in the spec's order, the commit point, broadcast.
+"""POST /v1/relay, /v1/validate and /v1/quote: the checks in their order (docs/relay.md), the commit point,
+broadcast.
 
 Before the commit point every failure is an ApiError and nothing was sent (the submission is recorded as
 REJECTED). The commit point is one database transaction storing the co-signed intent, its idempotency

@@ -1,5 +1,5 @@
 """Checks against the sender's chain state and our own records: guardian, nonce and slot, gap, balance,
-and in-flight count (interface contract: Relay checks, in order). Used by relay and validate alike."""
+and in-flight count (docs/relay.md, the order of checks). Used by relay and validate alike."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from gasless.relay.intents import intent_from_row
 from gasless.relay.leases import Lease
 from gasless.relay.repository import SenderView
 
-MAX_IN_FLIGHT = 64  # non-terminal intents per sender (interface contract: In flight and free flow)
+MAX_IN_FLIGHT = 64  # non-terminal intents per sender (docs/relay.md: TOO_MANY_IN_FLIGHT)
 
 
 def state_checks(

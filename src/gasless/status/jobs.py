@@ -18,7 +18,7 @@ from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.status")
 
-FEED_PERIOD_MS = 60_000  # interface contract: status feed publication
+FEED_PERIOD_MS = 60_000  # docs/status.md: the feeds' publication period
 FEED_ROLE = "status-feed"
 FEED_FILES = ("status.json", "incidents.json", "telemetry.json")
 

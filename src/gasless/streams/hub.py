@@ -7,7 +7,7 @@ them for `Last-Event-ID` resumption, and hands them to the account's open stream
 
 Across hosts, `publish` also sends the raw change through a `Fanout` (Redis pub/sub when configured); the
 other host's hub receives it with `deliver` and numbers it in its own sequence, so ids stay host-specific
-(interface contract: not resumable across hosts or restarts).
+(docs/streams.md: not resumable across hosts or restarts).
 """
 
 from __future__ import annotations

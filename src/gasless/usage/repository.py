@@ -1,7 +1,7 @@
 """SQL of the usage reads: ledger rows (keyset pages), in-flight intents, REJECTED submissions, batches.
 
-Order everywhere is the interface contract's: the ordering time descending (`terminal_at_ms`: the executing block's time,
-else the terminal time; a rejection's time is when it was received), then the transaction hash descending.
+Order everywhere is docs/usage.md's: the ordering time descending (`terminal_at_ms`: the executing block's
+time, else the terminal time; a rejection's time is when it was received), then the transaction hash descending.
 A REJECTED submission can share a hash with a ledger row (refused first, accepted later), so the full sort
 key is (time, hash, kind, pk) with kind 1 for ledger rows and 0 for rejections.
 """

@@ -1,4 +1,4 @@
-"""Request and response shapes of the x402 routes (interface contract: x402 purchase flow; docs/x402.md).
+"""Request and response shapes of the x402 routes (docs/x402.md).
 
 The x402 wire objects themselves (PaymentRequired, PaymentPayload, SettleResponse) are the `x402` package's
 models, carried base64-encoded in the `PAYMENT-*` headers; these are the JSON bodies around them.

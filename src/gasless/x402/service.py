@@ -1,4 +1,4 @@
-"""The x402 purchase flow (interface contract: x402 purchase flow, rules 1-9; docs/x402.md): the service is its own
+"""The x402 purchase flow (docs/x402.md): the service is its own
 facilitator, and a payment is a user-signed Relayed-V3 transaction calling the billing contract with USDC.
 
 An unpaid request is answered 402 PAYMENT_REQUIRED with a challenge (a stateless quote and, ready to sign,
@@ -39,7 +39,7 @@ from gasless.x402.challenges import Kind, PaymentTerms, VerifiedPayment, X402Cha
 from gasless.x402.repository import PaymentRepository, PaymentRow
 from gasless.x402.schemas import X402Pending, X402PurchaseRequest, X402PurchaseResult, X402TopupRequest
 
-HTTP_BUDGET_MS = 8_000  # interface contract: x402 HTTP budget
+HTTP_BUDGET_MS = 8_000  # docs/x402.md: the HTTP budget
 POLL_RETRY_MS = 1_000
 COMPLETION_EVENTS: dict[str, str] = {"topup": "deposit", "purchase": "subscribed"}
 # Relay refusals that mean the payment itself did not verify (the rest: it could not settle).
@@ -186,7 +186,7 @@ class X402Service:
             raise invalid(
                 "lease_missing", "the payment carries no lease (accepted.extra.lease or payload.lease)"
             )
-        await self.purchases.require_open(deposit=True, fresh=True)  # rule 7: before any co-signature
+        await self.purchases.require_open(deposit=True, fresh=True)  # docs/x402.md: before any co-signature
         now = self.now_ms()
         record = {
             "payment_id": verified.payment_id,

@@ -1,7 +1,7 @@
 """The localnet genesis configuration of the billing contract, applied as if the owner had sent the calls.
 
-Rate classes follow the interface contract's table; tiers, prices and the other figures are localnet's choice (on the
-real networks they are contract configuration). The contract stays paused: the embedded default unpauses
+Rate classes follow the service's published figures (docs/api-conventions.md, docs/billing.md); tiers,
+prices and the other figures are localnet's choice (on the real networks they are contract configuration). The contract stays paused: the embedded default unpauses
 it with a real owner transaction.
 """
 
