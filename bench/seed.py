@@ -608,19 +608,24 @@ async def capture_statements(
 
 
 def _scans(plan_rows: list[str]) -> list[str]:
-    """The full scans of a large table in a SQLite plan (`SCAN t` without an index)."""
+    """The full scans of a large table in a SQLite plan: `SCAN t`, with or without `USING [COVERING] INDEX`
+    (through an index, a SCAN still visits every entry, in the index's order: only SEARCH reads a range)."""
     found = []
     for row in plan_rows:
         words = row.split()
-        if len(words) >= 2 and words[0] == "SCAN" and words[1] in LARGE_TABLES and "INDEX" not in row:
+        if len(words) >= 2 and words[0] == "SCAN" and words[1] in LARGE_TABLES:
             found.append(row)
     return found
 
 
 def _pg_scans(node: dict[str, Any]) -> list[str]:
+    """Sequential scans of a large table, and index scans with no condition on the index (every entry)."""
     found = []
-    if node.get("Node Type") == "Seq Scan" and node.get("Relation Name") in LARGE_TABLES:
-        found.append(f"Seq Scan on {node['Relation Name']}")
+    kind, table = node.get("Node Type"), node.get("Relation Name")
+    if kind == "Seq Scan" and table in LARGE_TABLES:
+        found.append(f"Seq Scan on {table}")
+    if kind in ("Index Scan", "Index Only Scan") and table in LARGE_TABLES and "Index Cond" not in node:
+        found.append(f"{kind} on {table} using {node.get('Index Name')} without a condition")
     for child in node.get("Plans", []):
         found += _pg_scans(child)
     return found

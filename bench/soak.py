@@ -345,11 +345,14 @@ async def soak(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                 now = time.monotonic()
                 window = run.take_window()
                 pids = descendants([p.pid for p in hosts])
+                wal_bytes = 0  # SQLite's write-ahead log alone: it grows while readers keep checkpoints out
                 if database_url:
                     connections, db_bytes = await postgres_figures(database_url)
                 else:
                     connections = open_fds(pids, (str(sqlite_path), f"{sqlite_path}-wal"))
                     db_bytes = sum(p.stat().st_size for p in data_dir.glob("gasless.db*"))
+                    wal = Path(f"{sqlite_path}-wal")
+                    wal_bytes = wal.stat().st_size if wal.exists() else 0
                 total += window.ok
                 sample = {
                     "t_s": round(now - start, 1),
@@ -364,6 +367,7 @@ async def soak(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                     "fds": open_fds(pids),
                     "db_connections": connections,
                     "db_bytes": db_bytes,
+                    "wal_bytes": wal_bytes,
                     "_client": window.client_ms,
                     "_accept": window.accept_ms,
                     "_added": window.added_ms,
@@ -374,6 +378,7 @@ async def soak(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                     f"p99 client {sample['client_p99_ms']:6.1f} / added {sample['added_p99_ms']:6.1f} / "
                     f"accept {sample['accept_p99_ms']:5.1f} ms  RSS {sample['rss_mib']:7.1f} MiB  "
                     f"fds {sample['fds']}  db conns {connections}  db {db_bytes / 2**20:8.1f} MiB  "
+                    f"wal {wal_bytes / 2**20:6.1f} MiB  "
                     f"localnet RSS {sample['localnet_rss_mib']:7.1f} MiB"
                     + (f"  refused {json.dumps(window.refused)}" if window.refused else "")
                 )
