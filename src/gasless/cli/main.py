@@ -337,6 +337,7 @@ def localnet(
             payment_token=LOCALNET_PAYMENT_TOKEN,
             config=ChainConfig(round_ms=round_ms),
             fresh=fresh,
+            settle_heap=True,  # a process of its own: nothing else's objects are frozen with the chain's
         )
         try:
             try:

@@ -8,6 +8,7 @@ The chain is saved under `<data_dir>/chain/` (`gasless.localnet.persist`): at st
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 import time
 from collections import Counter
@@ -80,6 +81,7 @@ class Localnet:
         persist: bool = True,
         fresh: bool = False,
         snapshot_interval_s: float = SNAPSHOT_INTERVAL_S,
+        settle_heap: bool = False,
     ) -> None:
         config = config or ChainConfig()
         wallets = data_dir / "wallets"
@@ -108,6 +110,7 @@ class Localnet:
         self.info["resumed"] = self.resumed
         self.auto_rounds = auto_rounds
         self.snapshot_interval_s = snapshot_interval_s
+        self.settle_heap = settle_heap
         self.last_snapshot: SnapshotTiming | None = None
         self.apps: list[web.Application] = []
         self._runners: list[web.AppRunner] = []
@@ -221,6 +224,14 @@ class Localnet:
             except Exception as exc:  # noqa: BLE001 - a failed write is retried at the next snapshot
                 assert self.store is not None
                 log.error("localnet snapshot failed", directory=str(self.store.directory), error=repr(exc))
+                continue
+            if self.settle_heap:
+                # The chain is kept whole in memory and its history never changes: frozen out of the cyclic
+                # collector's reach, a full collection walks what came since the last snapshot instead of
+                # the whole chain. Unfrozen, an hour at 100 tx/s made full collections that stalled every
+                # gateway answer for hundreds of ms, longer as the chain grew (docs/localnet.md).
+                gc.collect()  # what is garbage already goes now, not frozen for good
+                gc.freeze()
 
     async def __aenter__(self) -> Localnet:
         await self.start()
