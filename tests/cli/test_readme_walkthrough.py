@@ -162,7 +162,7 @@ def test_a_url_for_the_wrong_thing_is_named_for_what_it_is(embedded: Embedded, o
 
 def test_gasless_mcp_names_a_wrong_api_url_as_the_cli_does(embedded: Embedded, other_server: str) -> None:
     """`gasless mcp --api URL` starts whatever answers there, but its stderr line (the reason its tools'
-    UPSTREAM_UNAVAILABLE gives too) names what the URL is, through the CLI's own check (gasless.endpoints).
+    UPSTREAM_UNAVAILABLE gives too) names what the URL is, through the CLI's own check (gasless.client.endpoints).
     With stdin closed the server ends after its start, so each run is short."""
     mcp = [".venv/bin/gasless", "mcp", "--api"]
     expected = {

@@ -1,7 +1,7 @@
 """Is `--api` a gasless API and `--gateway` a MultiversX gateway? One probe each before the command works,
 so a swapped pair (or a wrong port) is one line naming the option instead of a `404 HTTP_ERROR` later.
 
-When the URL answers as something else, the line says what it is (`gasless.endpoints.what_it_is`, which
+When the URL answers as something else, the line says what it is (`gasless.client.endpoints.what_it_is`, which
 `gasless mcp` uses too): the other kind, the status site, a metrics listener, or else what it answered.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import aiohttp
 
-from gasless import endpoints
-from gasless.endpoints import Answer, Get, Unanswered
+from gasless.client import endpoints
+from gasless.client.endpoints import Answer, Get, Unanswered
 
 PROBE_TIMEOUT = aiohttp.ClientTimeout(total=10)
 

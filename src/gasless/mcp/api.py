@@ -21,8 +21,8 @@ from typing import Any
 import anyio
 import httpx2
 
-from gasless import endpoints
-from gasless.endpoints import Answer, Unanswered
+from gasless.client import endpoints
+from gasless.client.endpoints import Answer, Unanswered
 from gasless.errors import ApiError
 
 API_KEY_HEADER = "X-Api-Key"
