@@ -193,6 +193,70 @@ def test_fresh_starts_a_new_chain_with_the_same_wallets(tmp_path: Path, run_loca
     net.store.unlock()  # type: ignore[union-attr]  # never started: release the directory by hand
 
 
+def submissions(net: Any, tx_hash: str) -> int:
+    return int(get(net, f"/localnet/submissions/{tx_hash}")["submissions"])
+
+
+def test_submission_counts_survive_restarts_and_the_head_does_not_grow_with_them(
+    tmp_path: Path, run_localnet: Start
+) -> None:
+    data_dir = tmp_path / "localnet"
+    head = data_dir / "chain" / "head.bin"
+    with run_localnet(data_dir) as first:
+        requests.post(f"{first.url}/localnet/faults", json={"chain": {"stalledShards": [2]}}, timeout=5)
+        _, tx = transfer(first, 2, 10**15)
+        provider = ProxyNetworkProvider(first.url)
+        tx_hash = provider.send_transaction(tx).hex()
+        provider.send_transaction(tx)  # the same transaction again: the pool keeps one, both are counted
+        assert submissions(first, tx_hash) == 2
+    head_size = head.stat().st_size
+    with run_localnet(data_dir) as second:
+        assert submissions(second, tx_hash) == 2
+        ProxyNetworkProvider(second.url).send_transaction(tx)
+        # Many hashes sent once each (refused: a nonce far ahead is still counted, as on any send).
+        relayer = tx.sender
+        for nonce in range(500):
+            other = Transaction(
+                sender=relayer, receiver=tx.receiver, nonce=10**6 + nonce, chain_id="localnet", gas_limit=50_000
+            )
+            other.signature = bytes(64)
+            requests.post(f"{second.url}/transaction/send", json=other.to_dictionary(), timeout=5)
+    with run_localnet(data_dir) as third:
+        assert submissions(third, tx_hash) == 3
+    # The counts are in the history's frames: 500 more hashes left the head's size where it was.
+    assert abs(head.stat().st_size - head_size) < 2_000, (head_size, head.stat().st_size)
+
+
+def test_a_failed_snapshot_keeps_its_submission_counts_for_the_next(tmp_path: Path) -> None:
+    data_dir = tmp_path / "localnet"
+
+    async def scenario() -> None:
+        net = _localnet(data_dir)
+        await net.start()
+        try:
+            assert net.store is not None
+            net.chain.submissions["ab" * 32] += 1
+            net.chain.submissions_changed.add("ab" * 32)
+            real_write = net.store.write
+
+            def failing(snapshot: Any) -> int:
+                raise OSError("disk full")
+
+            net.store.write = failing  # type: ignore[method-assign]
+            with pytest.raises(OSError):
+                await net.save()
+            net.store.write = real_write  # type: ignore[method-assign]
+            net.chain.submissions["cd" * 32] += 1
+            net.chain.submissions_changed.add("cd" * 32)
+        finally:
+            await net.stop()  # the last snapshot, written
+
+    asyncio.run(scenario())
+    resumed = _localnet(data_dir)
+    assert resumed.chain.submissions["ab" * 32] == 1
+    assert resumed.chain.submissions["cd" * 32] == 1
+
+
 def _localnet(data_dir: Path, round_ms: int = ROUND_MS) -> Localnet:
     return Localnet(
         data_dir=data_dir, payment_token=LOCALNET_PAYMENT_TOKEN, config=ChainConfig(round_ms=round_ms)

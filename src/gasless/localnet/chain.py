@@ -166,6 +166,8 @@ class LocalChain:
         self.round = 0
         self.records: dict[str, TxRecord] = {}
         self.submissions: Counter[str] = Counter()
+        # Hashes whose count changed since the saved chain last took them: a snapshot writes only these.
+        self.submissions_changed: set[str] = set()
         # sender pubkey -> nonce -> candidates (replacements at the same nonce compete on gas price)
         self.pool: dict[bytes, dict[int, list[TxRecord]]] = defaultdict(dict)
         self.pool_senders: dict[int, dict[bytes, None]] = {s: {} for s in range(self.config.num_shards)}
@@ -202,6 +204,7 @@ class LocalChain:
         """Validate and add to the pool; the hash, or NodeError with the node's message."""
         h = compute_tx_hash(tx)
         self.submissions[h] += 1  # every send, accepted or not: tests count broadcasts with it
+        self.submissions_changed.add(h)
         known = self.records.get(h)
         if known is not None and not known.dropped:
             if known.in_pool:

@@ -3,11 +3,13 @@
 Under `<data-dir>/localnet/chain/`:
 
 - `history.bin`, append-only: frames, each holding the hyperblocks (with their shard blocks) produced since
-  the previous snapshot and the transaction records settled since then (notarized at destination, or
-  displaced from the pool). Neither changes once written, so a snapshot writes only what is new.
+  the previous snapshot, the transaction records settled since then (notarized at destination, or
+  displaced from the pool) and the submission counts that changed since then (a later frame's count of a
+  hash replaces an earlier one's). None of these changes once written, so a snapshot writes only what is
+  new, and its cost does not grow with the number of transactions ever sent.
 - `head.bin`, replaced whole at each snapshot: everything else (accounts with balances, nonces, ESDT,
   guardians, contracts and their state; the pool and the records still pending; the round clock; the chain
-  faults; submission counts; the genesis facts) and how many bytes of `history.bin` it covers.
+  faults; the genesis facts) and how many bytes of `history.bin` it covers.
 - `lock`: held (`flock`) by the process running the chain, so two processes never write one chain.
 
 A snapshot is taken on the event loop, where the chain changes (so it is consistent): the head is
@@ -35,6 +37,7 @@ import os
 import pickle
 import struct
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 from itertools import islice
 from pathlib import Path
@@ -58,9 +61,9 @@ try:
 except ImportError:  # pragma: no cover - not POSIX: no lock, the data directory is the user's to share
     fcntl = None  # type: ignore[assignment]
 
-FORMAT = (
-    2  # the layout of the files (2: shard blocks waiting for notarization); their content's shape is SHAPE
-)
+# The layout of the files (2: shard blocks waiting for notarization; 3: submission counts in the history's
+# frames, not the head); their content's shape is SHAPE.
+FORMAT = 3
 MAGIC = b"gasless-localnet-chain"
 FRAME = struct.Struct(">QI")  # payload length, CRC-32 of the payload
 PROTOCOL = 5
@@ -204,6 +207,8 @@ class _Written:
     hyperblocks: int = 0  # hyperblocks held by history.bin
     records: int = 0  # chain.records entries seen; the settled ones are in history.bin
     unsettled: list[TxRecord] = field(default_factory=list)  # seen, not settled: in the head
+    # Submission counts taken from the chain and not yet in history.bin (a failed write keeps them).
+    submissions: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,7 @@ class Snapshot:
 
     hyperblocks: list[HyperBlock]  # produced since the last snapshot
     settled: list[TxRecord]  # settled since the last snapshot
+    submissions: dict[str, int]  # the counts changed since the last written snapshot
     first_new: int  # nonce of the first of `hyperblocks`
     body: bytes
     after: _Written  # where the files stand once written (but the history length, known once written)
@@ -274,9 +280,10 @@ class ChainStore:
             with self.head_path.open("rb") as head:
                 _check_header(self.head_path, head.readline())
                 index = _Unpickler(head, []).load()
-                hyperblocks, settled = self._read_history(int(index["historyLength"]))
+                hyperblocks, settled, submissions = self._read_history(int(index["historyLength"]))
                 body = _Unpickler(head, hyperblocks).load()
             chain = self._rebuild(body, hyperblocks, settled)
+            chain.submissions = submissions
         except SavedChainError:
             raise
         except Exception as exc:  # noqa: BLE001 - any decoding failure means the same thing to the user
@@ -297,9 +304,10 @@ class ChainStore:
         )
         return SavedChain(chain, body["genesis"])
 
-    def _read_history(self, length: int) -> tuple[list[HyperBlock], list[TxRecord]]:
+    def _read_history(self, length: int) -> tuple[list[HyperBlock], list[TxRecord], Counter[str]]:
         hyperblocks: list[HyperBlock] = []
         settled: list[TxRecord] = []
+        submissions: Counter[str] = Counter()
         with self.history_path.open("rb") as history:
             _check_header(self.history_path, history.readline())
             position = history.tell()
@@ -311,16 +319,17 @@ class ChainStore:
                         f"the chain history in {self.history_path} is damaged at byte {position}: start a "
                         "new chain with --fresh"
                     )
-                new_hyperblocks, new_settled = _Unpickler(io.BytesIO(payload), hyperblocks).load()
+                new_hyperblocks, new_settled, counts = _Unpickler(io.BytesIO(payload), hyperblocks).load()
                 hyperblocks.extend(new_hyperblocks)
                 settled.extend(new_settled)
+                dict.update(submissions, counts)  # the later count replaces the earlier (Counter's adds)
                 position += FRAME.size + size
         if position != length:
             raise SavedChainError(
                 f"the chain history in {self.history_path} is shorter than its head says: start a new chain "
                 "with --fresh"
             )
-        return hyperblocks, settled
+        return hyperblocks, settled, submissions
 
     @staticmethod
     def _rebuild(body: dict[str, Any], hyperblocks: list[HyperBlock], settled: list[TxRecord]) -> LocalChain:
@@ -337,7 +346,6 @@ class ChainStore:
         for block, _, _ in chain.unnotarized:  # proposed, not notarized yet: no hyperblock holds them
             chain.blocks[block.shard].append(block)
             chain.block_index[block.hash] = block
-        chain.submissions = body["submissions"]
         stalled, chain.faults.clock_offset_ms = body["faults"]
         chain.faults.stalled_shards = set(stalled)
         return chain
@@ -346,6 +354,8 @@ class ChainStore:
     def take(self, chain: LocalChain, genesis: dict[str, Any]) -> Snapshot:
         """Take a snapshot of what changed since the last written one; call it on the chain's event loop."""
         written = self._written
+        changed, chain.submissions_changed = chain.submissions_changed, set()
+        pending = {**written.submissions, **{h: chain.submissions[h] for h in changed}}
         new_records = islice(chain.records.values(), written.records, None)
         settled: list[TxRecord] = []
         unsettled: list[TxRecord] = []
@@ -357,6 +367,7 @@ class ChainStore:
             records=len(chain.records),
             unsettled=unsettled,
         )
+        written.submissions = pending  # kept until written: a failed write leaves them to the next snapshot
         body = {
             "config": chain.config,
             "genesisMs": chain.genesis_ms,
@@ -368,12 +379,12 @@ class ChainStore:
             "incoming": chain.incoming,
             "unnotarized": chain.unnotarized,
             "unsettled": unsettled,
-            "submissions": chain.submissions,
             "genesis": genesis,
         }
         return Snapshot(
             hyperblocks=chain.hyperblocks[written.hyperblocks :],
             settled=settled,
+            submissions=pending,
             first_new=written.hyperblocks,
             body=_dumps(body, first_new=after.hyperblocks),  # every hyperblock is in the history by then
             after=after,
@@ -383,8 +394,10 @@ class ChainStore:
         """Append the history frame, then replace the head atomically; the bytes written. Runs in a thread:
         the history it serializes never changes, and one write runs at a time (`Localnet.save`)."""
         frame = b""
-        if snapshot.hyperblocks or snapshot.settled:
-            payload = _dumps((snapshot.hyperblocks, snapshot.settled), first_new=snapshot.first_new)
+        if snapshot.hyperblocks or snapshot.settled or snapshot.submissions:
+            payload = _dumps(
+                (snapshot.hyperblocks, snapshot.settled, snapshot.submissions), first_new=snapshot.first_new
+            )
             frame = FRAME.pack(len(payload), zlib.crc32(payload)) + payload
         self.directory.mkdir(parents=True, exist_ok=True)
         before = self._written.history_length
