@@ -217,7 +217,11 @@ def test_submission_counts_survive_restarts_and_the_head_does_not_grow_with_them
         relayer = tx.sender
         for nonce in range(500):
             other = Transaction(
-                sender=relayer, receiver=tx.receiver, nonce=10**6 + nonce, chain_id="localnet", gas_limit=50_000
+                sender=relayer,
+                receiver=tx.receiver,
+                nonce=10**6 + nonce,
+                chain_id="localnet",
+                gas_limit=50_000,
             )
             other.signature = bytes(64)
             requests.post(f"{second.url}/transaction/send", json=other.to_dictionary(), timeout=5)
