@@ -16,7 +16,7 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,10 +88,16 @@ class WorkersHost:
 
 
 def relay_once(cluster: Cluster, host: Host) -> requests.Response:
+    return ready_relay(cluster, host)()
+
+
+def ready_relay(cluster: Cluster, host: Host) -> Callable[[], requests.Response]:
+    """A relay signed and assigned, to be sent later: its sender's plan is granted by a transaction, so
+    this is done before any fault holds the gateway's sends."""
     key, sender = new_sender(cluster)
     assignment = assign(cluster, host, key, sender)
     tx = signed(cluster, key, assignment)
-    return host.post("/v1/relay", {"tx": tx.to_dictionary(), "lease": assignment["lease"]})
+    return lambda: host.post("/v1/relay", {"tx": tx.to_dictionary(), "lease": assignment["lease"]})
 
 
 @pytest.fixture(scope="module")
@@ -190,10 +196,11 @@ def test_a_worker_killed_after_its_commit_point_loses_nothing_and_comes_back_rea
 ) -> None:
     cluster, host = served.cluster, served.host
     before = {k: served.relays_served(k) for k in (0, 1)}
+    send = ready_relay(cluster, host)  # the sender's plan granted while sends still pass
     # Hold every send at the gateway: a worker commits, no gateway acknowledges, then it dies.
     cluster.faults({"gateway": {"latencyMs": {"/transaction/send": 120_000}}})
     try:
-        relayed = relay_once(cluster, host)
+        relayed = send()
         assert relayed.status_code == 202 and relayed.json()["state"] == "COSIGNED", relayed.text
         after = {k: served.relays_served(k) for k in (0, 1)}
         (victim,) = [k for k in (0, 1) if after[k] > before[k]]
