@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -417,6 +418,10 @@ async def soak(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     return result
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -455,6 +460,9 @@ def main() -> int:
         return 0 if all(judged["met"].values()) else 1
     if args.hosts == 2 and not (args.database_url and args.redis_url):
         parser.error("--hosts 2 needs --database-url and --redis-url")
+    # A run stopped by SIGTERM stops its localnet and hosts as on Ctrl-C (the run's `finally`), never leaving
+    # them serving beside the next run.
+    signal.signal(signal.SIGTERM, _interrupted)
     with tempfile.TemporaryDirectory(prefix="gasless-soak-") as tmp:
         result = asyncio.run(soak(args, Path(tmp)))
     if args.json:
