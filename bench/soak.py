@@ -15,7 +15,8 @@ files with their WAL; PostgreSQL: `pg_database_size`), and over the window the r
 client-observed p99 and the service-stamped `acceptToCosignMs` / `addedMs` p99. At the end every intent is
 read back from the database (how many reached FINALIZED), the figures are checked against the targets
 (after the first 5 minutes: memory +10% at most, descriptors and connections flat; the last 5 minutes'
-p99 within 1.5x of the first 5 minutes'), and a PNG plot of memory, p99 and relays/s is written.
+p99 within 1.5x of the first 5 minutes'), and a PNG plot of memory, p99 and relays/s is written. On a
+PostgreSQL server with autovacuum off, the run does autovacuum's work itself (`autovacuum_stand_in`).
 
     .venv/bin/python bench/soak.py --minutes 60 --rate 100 --plot docs/images/soak-sqlite.png
     .venv/bin/python bench/soak.py --minutes 60 --rate 100 --hosts 2 --plot docs/images/soak-postgresql.png \
@@ -188,13 +189,59 @@ async def postgres_figures(database_url: str) -> tuple[int, int]:
     conn = await asyncpg.connect(url.set(drivername="postgresql").render_as_string(hide_password=False))
     try:
         backends = await conn.fetchval(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid() "
+            "AND application_name <> $2",
             url.database,
+            VACUUM_APP,
         )
         size = await conn.fetchval("SELECT pg_database_size($1)", url.database)
     finally:
         await conn.close()
     return int(backends), int(size)
+
+
+VACUUM_APP = "gasless-soak-autovacuum"  # the stand-in's connection, left out of the backends counted
+
+
+async def autovacuum_stand_in(
+    database_url: str, stop: asyncio.Event, log: list[dict[str, Any]], naptime_s: float = 60
+) -> None:
+    """What PostgreSQL's autovacuum would do, for a server that has it off (`autovacuum = off`, as on the
+    machines this was measured on); nothing when it is on. A production server vacuums: without it every
+    update leaves a dead row behind (an intent is updated three or four times, a latency rollup on every
+    round), reads walk them and the tables bloat, and an hour's soak measures that instead of the service.
+    Every `autovacuum_naptime` (1 min), each table past autovacuum's default thresholds (dead rows over
+    50 + 20% of the table, rows inserted since the last vacuum over 1 000 + 20%, changes since the last
+    analyze over 50 + 10%) is vacuumed and analyzed, throttled as autovacuum is (cost delay 2 ms, limit
+    200). Each pass is logged with its tables and seconds."""
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    conn = await asyncpg.connect(url, server_settings={"application_name": VACUUM_APP})
+    try:
+        if await conn.fetchval("SHOW autovacuum") == "on":
+            return
+        await conn.execute("SET vacuum_cost_delay = '2ms'")
+        await conn.execute("SET vacuum_cost_limit = 200")
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), naptime_s)
+            if stop.is_set():
+                return
+            started = time.monotonic()
+            due = await conn.fetch(
+                """SELECT s.relname FROM pg_stat_user_tables s JOIN pg_class c ON c.oid = s.relid
+                   WHERE s.n_dead_tup > 50 + 0.2 * greatest(c.reltuples, 0)
+                      OR s.n_ins_since_vacuum > 1000 + 0.2 * greatest(c.reltuples, 0)
+                      OR s.n_mod_since_analyze > 50 + 0.1 * greatest(c.reltuples, 0)"""
+            )
+            tables = [row["relname"] for row in due]
+            for table in tables:
+                await conn.execute(f'VACUUM (ANALYZE) "{table}"')
+            log.append({"tables": tables, "seconds": round(time.monotonic() - started, 2)})
+    finally:
+        await conn.close()
 
 
 async def final_states(database_url: str, sqlite_path: Path) -> dict[str, int]:
@@ -312,6 +359,8 @@ async def soak(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     )
     hosts: list[subprocess.Popen[bytes]] = []
     samples: list[dict[str, Any]] = []
+    vacuum_stop, vacuums = asyncio.Event(), list[dict[str, Any]]()
+    vacuum: asyncio.Task[None] | None = None
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             info = await ready_localnet(session, gateway, data_dir)
@@ -332,6 +381,8 @@ async def soak(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             with console.status(f"granting plans to {args.senders} senders"):
                 keys = [UserSecretKey.generate() for _ in range(args.senders)]
                 await grant_plans(session, gateway, info, keys)
+            if database_url:
+                vacuum = asyncio.create_task(autovacuum_stand_in(database_url, vacuum_stop, vacuums))
             run = Soak(args, apis, gateway, info)
             start = time.monotonic()
             end = start + 60 * args.minutes
@@ -390,7 +441,10 @@ async def soak(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             # Everything answered reaches a terminal state within a few rounds once the load stops.
             await asyncio.sleep(5)
     finally:
+        vacuum_stop.set()
         stop_processes([*hosts, localnet])
+        if vacuum is not None:
+            await vacuum
     states = await final_states(database_url, sqlite_path)
     if database_url:
         await drop_bench_database(args.database_url, database_url)
@@ -403,6 +457,7 @@ async def soak(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
             "offered_per_s": args.rate,
             "answered": len(run.answered),
             "lease_renewals": run.renewals,
+            "vacuum_passes": vacuums,
             "intent_states": states,
             "samples": [{k: v for k, v in s.items() if not k.startswith("_")} for s in samples],
         }
