@@ -25,6 +25,7 @@ from gasless.chain.identity import ChainGuard, ChainIdentityRepository, ChainMis
 from gasless.chain.network import NetworkView
 from gasless.client.keys import UserKey
 from gasless.compat.service import CompatService
+from gasless.db.engine import autovacuum_off
 from gasless.db.leader import SingletonRunner
 from gasless.host import HostState
 from gasless.http.idempotency import IdempotencyStore
@@ -371,6 +372,12 @@ async def start_relay_core(
         state.streams.attach_intents(bus, network.params.round_duration_ms, mirror)
     state.startup_error = None
     state.restored = True
+    if await autovacuum_off(state.engine):
+        # Intents are updated three or four times each and latency rollups every round: unvacuumed, their
+        # dead rows slow every read (docs/deploy.md). The operator's server, so a warning, not a refusal.
+        log.warning(
+            "PostgreSQL autovacuum is off: dead rows will slow the relays down; turn it on (docs/deploy.md)"
+        )
     log.info("host ready", host_id=settings.instance_id, network=settings.profile, recovered=recovered)
 
 

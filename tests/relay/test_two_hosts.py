@@ -276,6 +276,31 @@ def test_hosts_report_their_identity_readiness_and_leadership(cluster: Cluster) 
     assert ready["a"].json()["singletons"] == dict.fromkeys(ROLES, "standby")
 
 
+def test_a_host_on_a_server_without_autovacuum_says_so(cluster: Cluster) -> None:
+    async def server_setting() -> str:
+        import asyncpg
+        from sqlalchemy.engine import make_url
+
+        url = make_url(cluster.database_url).set(drivername="postgresql")
+        conn = await asyncpg.connect(url.render_as_string(hide_password=False))
+        try:
+            return str(await conn.fetchval("SHOW autovacuum"))
+        finally:
+            await conn.close()
+
+    off = asyncio.run(server_setting()) != "on"
+    for host in cluster.hosts.values():
+        warnings = [
+            line
+            for line in map(
+                json.loads, filter(lambda t: t.startswith("{"), host.log_path.read_text().splitlines())
+            )
+            if line.get("event", "").startswith("PostgreSQL autovacuum is off")
+        ]
+        # Once a start (a host restarted by an earlier test logged it again).
+        assert bool(warnings) == off and all(w["level"] == "warning" for w in warnings), warnings
+
+
 def test_a_lease_minted_on_a_is_accepted_on_b(cluster: Cluster) -> None:
     a, b = cluster.hosts["a"], cluster.hosts["b"]
     key, sender = new_sender(cluster)

@@ -79,6 +79,14 @@ def create_engine(
     )
 
 
+async def autovacuum_off(engine: AsyncEngine) -> bool:
+    """True on a PostgreSQL server whose autovacuum is off (SQLite has none to turn off)."""
+    if engine.dialect.name != "postgresql":
+        return False
+    async with engine.connect() as conn:
+        return str((await conn.exec_driver_sql("SHOW autovacuum")).scalar()) != "on"
+
+
 def _ping_after_idle(engine: Engine, idle_s: float) -> None:
     """The pool's pre-ping, skipped for a connection returned less than `idle_s` seconds ago. A dead one
     found at checkout invalidates the pool as SQLAlchemy's own pre-ping does: every connection older than it
