@@ -239,8 +239,7 @@ def test_a_failed_snapshot_keeps_its_submission_counts_for_the_next(tmp_path: Pa
         await net.start()
         try:
             assert net.store is not None
-            net.chain.submissions["ab" * 32] += 1
-            net.chain.submissions_changed.add("ab" * 32)
+            net.chain.count_submission("ab" * 32)
             real_write = net.store.write
 
             def failing(snapshot: Any) -> int:
@@ -250,8 +249,7 @@ def test_a_failed_snapshot_keeps_its_submission_counts_for_the_next(tmp_path: Pa
             with pytest.raises(OSError):
                 await net.save()
             net.store.write = real_write  # type: ignore[method-assign]
-            net.chain.submissions["cd" * 32] += 1
-            net.chain.submissions_changed.add("cd" * 32)
+            net.chain.count_submission("cd" * 32)
         finally:
             await net.stop()  # the last snapshot, written
 
