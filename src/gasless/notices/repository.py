@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy import and_, func, or_, select, text, union, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db import begin_write, dialect_insert
@@ -306,25 +306,25 @@ class SourceReads:
 
     async def accounts_with_relays(self, shard: int | None, from_ms: int, to_ms: int) -> set[str]:
         """Accounts that had relays (co-signed intents) in `shard` (any shard: None) between the two times:
-        terminal ones from the usage ledger, in-flight ones from the intents."""
+        terminal ones from the usage ledger, in-flight ones from the intents. One statement, so one snapshot:
+        a relay leaving flight writes its ledger row in the same transaction, and two statements could read
+        the ledger before that commit and the intents after it, missing the account in both."""
         lc = usage_ledger.c
-        ledger = (
-            select(lc.account)
-            .distinct()
-            .where(lc.account.is_not(None), lc.cosigned_at_ms >= from_ms, lc.cosigned_at_ms <= to_ms)
+        ledger = select(lc.account.label("account")).where(
+            lc.account.is_not(None), lc.cosigned_at_ms >= from_ms, lc.cosigned_at_ms <= to_ms
         )
         ic = intents.c
-        flight = select(ic.billing).where(
-            ic.state.in_(("COSIGNED", "BROADCAST")), ic.cosigned_at_ms >= from_ms, ic.cosigned_at_ms <= to_ms
+        flight_account = ic.billing["account"].as_string()
+        flight = select(flight_account.label("account")).where(
+            ic.state.in_(("COSIGNED", "BROADCAST")),
+            ic.cosigned_at_ms >= from_ms,
+            ic.cosigned_at_ms <= to_ms,
+            flight_account.is_not(None),
         )
         if shard is not None:
             ledger = ledger.where(lc.sender_shard == shard)
             flight = flight.where(ic.sender_shard == shard)
-        found = {str(a) for (a,) in await self._all(ledger)}
-        for (billing,) in await self._all(flight):
-            if isinstance(billing, dict) and billing.get("account"):
-                found.add(str(billing["account"]))
-        return found
+        return {str(a) for (a,) in await self._all(union(ledger, flight))}
 
     async def key_changes(self, since_ms: int) -> list[Any]:
         """API keys created or revoked since `since_ms` (this database's environments)."""

@@ -291,39 +291,46 @@ class UsageService:
         """The row of `tx_hash` and the account it belongs to (for the caller's access check), or None."""
         round_ms = self.round_ms()
         found = await self.repo.ledger_row(tx_hash)
-        if found is not None:
-            settlement = None
-            if found.batch_id is not None:
-                batch = await self.repo.batch(int(found.batch_id))
-                if batch is not None:
-                    settlement = SettlementBatch(
-                        batchId=int(batch.batch_id),
-                        state=batch.state,
-                        usageRoot=batch.usage_root,
-                        rowCount=int(batch.row_count),
-                        totalRu=int(batch.total_ru),
-                        leafIndex=found.leaf_index,
-                        txHash=batch.tx_hash,
-                        createdAtMs=int(batch.created_at_ms),
-                        submittedAtMs=batch.submitted_at_ms,
-                        committedAtMs=batch.committed_at_ms,
-                    )
-            detail = ledger_row(found, round_ms).model_copy(
-                update={
-                    "settlement": settlement,
-                    "acknowledgements": _acks(found.first_ack_gateway, found.broadcast_at_ms),
-                }
-            )
-            return str(found.account or found.sender), detail
-        intent = await self.repo.intent_by_hash(tx_hash)
-        if intent is None or intent.state not in ("COSIGNED", "BROADCAST"):
-            return None
-        detail = in_flight_row(intent, round_ms).model_copy(
+        if found is None:
+            intent = await self.repo.intent_by_hash(tx_hash)
+            if intent is None:
+                return None
+            if intent.state in ("COSIGNED", "BROADCAST"):
+                detail = in_flight_row(intent, round_ms).model_copy(
+                    update={
+                        "acknowledgements": _acks(
+                            getattr(intent, "first_ack_gateway", None), intent.broadcast_at_ms
+                        )
+                    }
+                )
+                return str(intent_account(intent) or intent.sender), detail
+            # It left flight between the two reads; its ledger row committed with that move.
+            found = await self.repo.ledger_row(tx_hash)
+            if found is None:
+                return None
+        settlement = None
+        if found.batch_id is not None:
+            batch = await self.repo.batch(int(found.batch_id))
+            if batch is not None:
+                settlement = SettlementBatch(
+                    batchId=int(batch.batch_id),
+                    state=batch.state,
+                    usageRoot=batch.usage_root,
+                    rowCount=int(batch.row_count),
+                    totalRu=int(batch.total_ru),
+                    leafIndex=found.leaf_index,
+                    txHash=batch.tx_hash,
+                    createdAtMs=int(batch.created_at_ms),
+                    submittedAtMs=batch.submitted_at_ms,
+                    committedAtMs=batch.committed_at_ms,
+                )
+        detail = ledger_row(found, round_ms).model_copy(
             update={
-                "acknowledgements": _acks(getattr(intent, "first_ack_gateway", None), intent.broadcast_at_ms)
+                "settlement": settlement,
+                "acknowledgements": _acks(found.first_ack_gateway, found.broadcast_at_ms),
             }
         )
-        return str(intent_account(intent) or intent.sender), detail
+        return str(found.account or found.sender), detail
 
     async def default_period(self, account: str) -> int:
         """The running plan's current period; without one, the 30-day window containing now (from epoch)."""
