@@ -222,9 +222,30 @@ def assign(session: requests.Session, base: str, key: UserSecretKey, sender: str
         "serverTimeMs": now,
         "signature": key.sign(presence_message("localnet", sender, now)).hex(),
     }
-    answer = session.post(f"{base}/v1/relay/assign", json={"sender": sender, "proof": proof}, timeout=10)
+    # A retryable refusal (the clock or the signer not ready yet on a loaded machine) is asked again, as a
+    # client would, with a fresh proof: the same request passes once the host is ready.
+    deadline = time.monotonic() + 60
+    while True:
+        answer = session.post(f"{base}/v1/relay/assign", json={"sender": sender, "proof": proof}, timeout=10)
+        if answer.status_code == 200 or not _retryable(answer) or time.monotonic() > deadline:
+            break
+        time.sleep(max(0.05, (answer.json().get("details") or {}).get("retryAfterMs", 100) / 1000))
+        now = int(time.time() * 1000)
+        proof = {
+            **proof,
+            "serverTimeMs": now,
+            "signature": key.sign(presence_message("localnet", sender, now)).hex(),
+        }
     assert answer.status_code == 200, answer.text
     return dict(answer.json())
+
+
+def _retryable(answer: requests.Response) -> bool:
+    return (
+        answer.status_code in (429, 503)
+        and answer.headers.get("content-type", "").startswith("application/problem+json")
+        and bool(answer.json().get("retryable"))
+    )
 
 
 def signed(key: UserSecretKey, relayer: str, nonce: int) -> Transaction:
@@ -247,11 +268,7 @@ def relay_until_accepted(
     """The same bytes until an answer that is not a retryable refusal (rate limits under the load)."""
     while True:
         answer = session.post(f"{base}/v1/relay", json=body, timeout=15)
-        if (
-            answer.status_code in (429, 503)
-            and answer.headers.get("content-type", "").startswith("application/problem+json")
-            and answer.json().get("retryable")
-        ):
+        if _retryable(answer):
             if stop.is_set():
                 return None
             time.sleep(max(0.05, (answer.json().get("details") or {}).get("retryAfterMs", 100) / 1000))
