@@ -124,6 +124,26 @@ async def test_cancel_and_wait_passes_on_the_callers_own_cancellation() -> None:
     assert worker.cancelled()
 
 
+async def test_cancel_and_wait_asks_again_a_worker_that_lost_its_cancellation() -> None:
+    """A worker whose cancellation was turned into an error it survives (as a library's timeout can) runs
+    on: the stop cancels it again instead of waiting for good."""
+    lost: list[bool] = []
+
+    async def loses_the_first_cancel() -> None:
+        while True:
+            try:
+                await asyncio.sleep(0.01)
+            except asyncio.CancelledError:
+                if lost:
+                    raise
+                lost.append(True)  # survived as a failure, the loop goes on
+
+    worker = asyncio.create_task(loses_the_first_cancel())
+    await asyncio.sleep(0)
+    await asyncio.wait_for(cancel_and_wait(worker, recancel_after_s=0.05), timeout=5)
+    assert lost == [True] and worker.cancelled()
+
+
 async def test_a_stop_in_a_finally_after_a_cancel_runs_to_its_end() -> None:
     """`gasless up` after SIGINT: cancelled, it stops localnet in a `finally` (its round task, then the
     chain saved); that cancellation came before the stop and must not cut the stop short."""

@@ -16,7 +16,10 @@ import structlog
 log = structlog.get_logger("gasless.workers")
 
 
-async def cancel_and_wait(task: asyncio.Task[object]) -> None:
+RECANCEL_AFTER_S = 10.0  # longer than any worker's last write after its cancellation
+
+
+async def cancel_and_wait(task: asyncio.Task[object], recancel_after_s: float = RECANCEL_AFTER_S) -> None:
     """Cancel `task` and wait until it ended; its own cancellation is expected, the caller's is passed on.
 
     Not `task.cancel()` then `with suppress(CancelledError): await task`: when the caller is itself being
@@ -31,6 +34,12 @@ async def cancel_and_wait(task: asyncio.Task[object]) -> None:
     before = current.cancelling() if current is not None else 0
     task.cancel()
     try:
+        while not (await asyncio.wait([task], timeout=recancel_after_s))[0]:
+            # A cancellation can be lost on its way (a library turning it into its own error, which the
+            # worker then survives as a failure): the worker runs on and the stop would wait for good. Seen:
+            # the mirror follower at a host's stop, its gateway reads timing out. Asked again, with its name.
+            log.warning("worker outlived its cancellation: cancelled again", task=task.get_name())
+            task.cancel()
         await task
     except asyncio.CancelledError:
         if current is not None and current.cancelling() > before:
