@@ -216,26 +216,20 @@ class Load:
 
 
 def assign(session: requests.Session, base: str, key: UserSecretKey, sender: str) -> dict[str, Any]:
-    now = int(time.time() * 1000)
-    proof = {
-        "kind": "key",
-        "serverTimeMs": now,
-        "signature": key.sign(presence_message("localnet", sender, now)).hex(),
-    }
     # A retryable refusal (the clock or the signer not ready yet on a loaded machine) is asked again, as a
     # client would, with a fresh proof: the same request passes once the host is ready.
     deadline = time.monotonic() + 60
     while True:
+        now = int(time.time() * 1000)
+        proof = {
+            "kind": "key",
+            "serverTimeMs": now,
+            "signature": key.sign(presence_message("localnet", sender, now)).hex(),
+        }
         answer = session.post(f"{base}/v1/relay/assign", json={"sender": sender, "proof": proof}, timeout=10)
         if answer.status_code == 200 or not _retryable(answer) or time.monotonic() > deadline:
             break
         time.sleep(max(0.05, (answer.json().get("details") or {}).get("retryAfterMs", 100) / 1000))
-        now = int(time.time() * 1000)
-        proof = {
-            **proof,
-            "serverTimeMs": now,
-            "signature": key.sign(presence_message("localnet", sender, now)).hex(),
-        }
     assert answer.status_code == 200, answer.text
     return dict(answer.json())
 

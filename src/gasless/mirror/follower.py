@@ -77,7 +77,6 @@ class MirrorFollower:
         self._callbacks: list[AccountCallback] = []
         self._committed_callbacks: list[Callable[[list[int]], Awaitable[None] | None]] = []
         self._task: asyncio.Task[None] | None = None
-        self._stopping = False
         self._applied = asyncio.Condition()
         self.cursor: int | None = None
         self.final: int | None = None  # the newest final hyperblock the follower has seen (its lag: metrics)
@@ -95,11 +94,9 @@ class MirrorFollower:
     # Life cycle -------------------------------------------------------------------------------------
     async def start(self) -> None:
         if self._task is None:
-            self._stopping = False
             self._task = asyncio.create_task(self._run(), name="mirror-follower")
 
     async def stop(self) -> None:
-        self._stopping = True  # seen between steps even if the cancellation is lost in a read
         task, self._task = self._task, None
         if task is not None:
             await cancel_and_wait(task)
@@ -121,12 +118,12 @@ class MirrorFollower:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         refreshed_at = -1e18
-        while not self._stopping:
+        while True:
             try:
                 if (loop.time() - refreshed_at) * 1000 >= self.views_refresh_ms:
                     await self.repo.save_views(await self._read_views(tuple(VIEWS)))
                     refreshed_at = loop.time()
-                while not self._stopping and await self.step():
+                while await self.step():
                     pass
                 if self._failing:
                     log.info("mirror.recovered", cursor=self.cursor)
