@@ -46,6 +46,14 @@ def pytest_configure(config: pytest.Config) -> None:
 _DESELECTED = pytest.StashKey[int]()
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After each test's fixtures are gone: let its hosts and localnets be collected (tests/library_caches.py)."""
+    from library_caches import clear_library_caches
+
+    clear_library_caches()
+
+
 def pytest_deselected(items: list[pytest.Item]) -> None:
     if items:
         config = items[0].config
