@@ -25,13 +25,15 @@ POSTGRES_URL = os.environ.get(
 REDIS_URL = os.environ.get("GASLESS_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 JS_CLIENTS = ROOT / "tests" / "mcp" / "js"
 NPM_TIMEOUT_S = 600
-WORKERS = 2  # the machines this runs on have two cores; more workers only contend
+# One worker more than cores: a test waits on rounds, subprocesses and databases a good part of its time, so
+# two workers on two cores kept only 1.2 cores busy (a clean-clone run at 7409a83: 17:05 with 2 workers,
+# 13:10 with 3; docs/performance.md).
+EXTRA_WORKERS = 1
 
 
 def parallel(extra: list[str]) -> list[str]:
-    """pytest-xdist workers, one per core (at most WORKERS), unless the caller chose (`-n`, `-p no:xdist`)
-    or runs a subset: tests are independent (own databases, keys, ports and localnets), and on two cores a
-    full run takes about half the time."""
+    """pytest-xdist workers, one per core and EXTRA_WORKERS more, unless the caller chose (`-n`,
+    `-p no:xdist`) or runs a subset: tests are independent (own databases, keys, ports and localnets)."""
     chosen = any(
         a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in extra
     )
@@ -43,7 +45,7 @@ def parallel(extra: list[str]) -> list[str]:
     # worksteal: a worker that ran out takes queued tests from the other, so a few long tests (a real
     # Prometheus, a previous release's build, the restore runs) do not leave one core idle at the end; the
     # slowest tests are listed after every full run, where the suite's time is watched (docs/performance.md).
-    workers = str(max(1, min(WORKERS, os.cpu_count() or 1)))
+    workers = str((os.cpu_count() or 1) + EXTRA_WORKERS)
     return ["-n", workers, "--dist", "worksteal", "--durations", "25"]
 
 
