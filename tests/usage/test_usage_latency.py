@@ -219,3 +219,44 @@ def test_a_merge_raced_by_another_writer_writes_nothing_and_nothing_is_lost(
     assert answer.status_code == 200, answer.text
     assert [group["count"] for group in answer.json()["groups"]] == [5]
     assert env.client.portal.call(rollups.roll_up, 1_000, now) == 0
+
+
+def test_the_samples_are_read_by_the_accounts_index_on_a_migrated_database(env: Any, auth: Any) -> None:
+    """The statements GET /v1/usage/latency runs, explained on the host's own (migrated) SQLite database:
+    the account's rows are found by `(account, terminal_at_ms)`. The planner once preferred
+    `(rolled_up, terminal_at_ms)`, which walks every account's rows of the window: 17x the CPU at 10 M rows
+    (docs/performance.md, target 5)."""
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine, make_url
+
+    owner = auth.account()
+    env.wait_state(_relay(env, owner), ("FINALIZED",))
+    headers = auth.bearer(owner)
+    params = {"account": owner.address, "window": "1h"}
+
+    def rolled_up() -> bool:
+        answer = env.client.get("/v1/usage/latency", params=params, headers=headers)
+        assert answer.status_code == 200, answer.text
+        return bool(answer.json()["groups"])
+
+    _wait(rolled_up)
+    statements: list[tuple[str, Any]] = []
+
+    def capture(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if "FROM usage_ledger" in statement and statement.lstrip().upper().startswith("SELECT"):
+            statements.append((statement, parameters))
+
+    event.listen(Engine, "before_cursor_execute", capture)
+    try:
+        assert env.client.get("/v1/usage/latency", params=params, headers=headers).status_code == 200
+    finally:
+        event.remove(Engine, "before_cursor_execute", capture)
+    assert statements, "GET /v1/usage/latency read no usage rows"
+    database = make_url(env.settings.database_url).database
+    with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+        for statement, parameters in statements:
+            plan = [row[3] for row in db.execute("EXPLAIN QUERY PLAN " + statement, parameters)]
+            assert any("(account=? AND terminal_at_ms>?)" in step for step in plan), (statement, plan)
+            assert not any("rolled_up" in step for step in plan), (statement, plan)

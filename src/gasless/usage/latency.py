@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import false, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.db.tables import usage_ledger
@@ -113,7 +113,11 @@ class LatencyService:
                     .where(
                         usage_ledger.c.account == account,
                         usage_ledger.c.terminal_at_ms >= from_ms,
-                        usage_ledger.c.rolled_up.is_(True),
+                        # An expression, so no index on `rolled_up` can serve it: on a migrated SQLite
+                        # database the planner otherwise walked every rolled-up row of the window, all
+                        # accounts', by `(rolled_up, terminal_at_ms)` (17x the CPU at 10 M rows) instead of
+                        # the account's newest rows by `(account, terminal_at_ms)`.
+                        func.coalesce(usage_ledger.c.rolled_up, false()).is_(True),
                     )
                     .order_by(usage_ledger.c.terminal_at_ms.desc())
                     .limit(MAX_SAMPLES * 16)
