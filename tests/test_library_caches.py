@@ -8,8 +8,11 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from fastapi import FastAPI
 from library_caches import clear_library_caches
 from relay_kit import load_conftest, start_env  # type: ignore[import-not-found]
+
+from gasless.localnet.chain import LocalChain
 
 
 def _serve_one_relay_host(tmp_path: Path) -> tuple[weakref.ref[Any], weakref.ref[Any]]:
@@ -32,8 +35,8 @@ def test_a_stopped_host_and_localnet_are_collected_after_the_caches_are_emptied(
     app, chain = _serve_one_relay_host(tmp_path)
     gc.collect()
     # Without the emptying, the libraries still hold both (the reason the suite empties them).
-    assert app() is not None
-    assert chain() is not None
+    assert isinstance(app(), FastAPI)
+    assert isinstance(chain(), LocalChain)
     clear_library_caches()
     gc.collect()
     assert app() is None, gc.get_referrers(app())

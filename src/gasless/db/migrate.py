@@ -157,14 +157,8 @@ def _alembic_command(connection: Connection, action: str, revision: str) -> bool
     config = make_config()
     config.attributes["connection"] = connection
     before = set(MigrationContext.configure(connection).get_current_heads())
-    _alembic_action(connection, config, action, revision)
-    return set(MigrationContext.configure(connection).get_current_heads()) != before
-
-
-def _alembic_action(connection: Connection, config: Config, action: str, revision: str) -> None:
     if action == "upgrade":
-        current = MigrationContext.configure(connection).get_current_heads()
-        ahead = sorted(rev for rev in current if not known_revision(rev))
+        ahead = sorted(rev for rev in before if not known_revision(rev))
         if ahead:
             # A newer release migrated this database (a rolling upgrade under way): its migrations are
             # expand-only with respect to this release, which serves on it as it is.
@@ -173,12 +167,13 @@ def _alembic_action(connection: Connection, config: Config, action: str, revisio
                 database_revision=",".join(ahead),
                 release_head=head_revision(),
             )
-            return
+            return False
         command.upgrade(config, revision)
     elif action == "downgrade":
         command.downgrade(config, revision)
     else:
         raise ValueError(f"unknown migration action {action!r}")
+    return set(MigrationContext.configure(connection).get_current_heads()) != before
 
 
 async def _check_sqlite_foreign_keys(conn: AsyncConnection) -> None:
