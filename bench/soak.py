@@ -367,6 +367,7 @@ async def soak(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     vacuum_stop = asyncio.Event()
     vacuums: list[dict[str, Any]] = []
     vacuum: asyncio.Task[None] | None = None
+    finished = False
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             info = await ready_localnet(session, gateway, data_dir)
@@ -446,9 +447,14 @@ async def soak(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
                 task.result()  # a stream that failed fails the run
             # Everything answered reaches a terminal state within a few rounds once the load stops.
             await asyncio.sleep(5)
+        finished = True
     finally:
         vacuum_stop.set()
         stop_processes([*hosts, localnet])
+        if database_url and not finished:  # a stopped run leaves no database behind either
+            # Before awaiting the vacuum task: a stopped run's tasks are all cancelled, and awaiting a
+            # cancelled task raises.
+            await drop_bench_database(args.database_url, database_url)
         if vacuum is not None:
             await vacuum
     states = await final_states(database_url, sqlite_path)
