@@ -2,7 +2,8 @@
 earlier days (written as the service writes them) counts each on its day, the 30-day figure appears once the
 first activity is 30 days old, and what is still fresh (co-signed in the last half hour, status/repository.py)
 is read afresh on every request while older rows are counted once: a new intent shows at once, and one whose
-broadcast is recorded later moves from bad to good."""
+broadcast is recorded later moves from bad to good. The counted days are kept in the database: a host
+starting later reads them, not the rows behind them."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from multiversx_sdk import UserSecretKey
-from sqlalchemy import create_engine, insert, update
+from relay_kit import start_env  # type: ignore[import-not-found]
+from sqlalchemy import create_engine, delete, insert, update
 
 from gasless.chain.addresses import address_of, shard_of
 from gasless.db.migrate import upgrade
@@ -109,3 +112,31 @@ def test_availability_counts_earlier_days_and_reads_recent_ones_afresh(tmp_path:
     days, overall = _days(env)
     assert days[fresh_day] == 100.0
     assert overall == round(100.0 * 2 / 3, 3)
+
+
+def test_a_host_starting_takes_the_counted_days_from_the_database(tmp_path: Path, unpaused_localnet: Any) -> None:
+    url = f"sqlite+aiosqlite:///{(tmp_path / 'api.db').as_posix()}"
+    asyncio.run(upgrade(url))
+    sender = address_of(UserSecretKey.generate().generate_public_key().buffer).to_bech32()
+    old = int(time.time() * 1000) // DAY_MS * DAY_MS - 40 * DAY_MS
+    for nonce, broadcast in enumerate((True, True, True, False)):
+        _intent(url, sender, nonce, old + 3_600_000 + nonce, broadcast)
+
+    first = start_env(tmp_path, unpaused_localnet, database_url=url)
+    days, _ = _days(next(first))
+    assert days[old] == 75.0
+    with pytest.raises(StopIteration):
+        next(first)
+
+    # The rows behind the counted day leave the database; a host starting now never reads them again.
+    engine = create_engine(url.replace("+aiosqlite", ""))
+    try:
+        with engine.begin() as conn:
+            assert conn.execute(delete(intents).where(intents.c.sender == sender)).rowcount == 4
+    finally:
+        engine.dispose()
+    second = start_env(tmp_path, unpaused_localnet, database_url=url)
+    days, _ = _days(next(second))
+    assert days[old] == 75.0
+    with pytest.raises(StopIteration):
+        next(second)

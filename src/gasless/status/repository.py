@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
-from sqlalchemy import and_, func, literal_column, or_, select
+import structlog
+from sqlalchemy import Connection, and_, func, literal_column, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gasless.db.tables import incidents, intents, rejections
+from gasless.db.engine import dialect_insert, run_read, run_write
+from gasless.db.tables import incidents, intents, rejections, service_meta
+
+log = structlog.get_logger("gasless.status")
 
 DAY_MS = 86_400_000
 
@@ -17,6 +22,12 @@ DAY_MS = 86_400_000
 # this are counted once per host and kept. Not covered: a host down for longer than this re-broadcasts its
 # orphans when it starts again, and the other hosts keep counting those as never broadcast until they restart.
 STABLE_AFTER_MS = 1_800_000
+# The stable days' counts are also kept in the database (`service_meta`, this key), so that a host starting
+# on a large database reads them instead of every intent of the 90 days: one document, {senders: digest of
+# the excluded senders, from: window start, until: stable bound, days: {day start: [good, bad]}}, a full
+# count of [from, until). Any host writes it when its own count reaches further, at most this often.
+COUNTS_KEY = "status.availability"
+PERSIST_EVERY_MS = 600_000
 
 
 class StatusRepository:
@@ -28,6 +39,7 @@ class StatusRepository:
         self._counted_from = 0
         self._counted_until: int | None = None
         self._counted_key: tuple[str, ...] = ()
+        self._persisted_until = 0  # the `until` of the document as this host last read or wrote it
 
     async def outcomes_by_day(
         self, from_ms: int, exclude_senders: tuple[str, ...] = (), now_ms: int | None = None
@@ -48,17 +60,79 @@ class StatusRepository:
             or from_ms < self._counted_from
             or stable < self._counted_until  # the clock went back
         ):
-            self._counted = await self._count(from_ms, stable, exclude_senders)
+            stored = await self._load(exclude_senders, from_ms, stable)
+            if stored is None:
+                self._counted, self._counted_until = (
+                    await self._count(from_ms, stable, exclude_senders),
+                    stable,
+                )
+            else:  # counted before, by this host or another: only the rows stable since then are read
+                self._counted, self._counted_until = stored
             self._counted_key = exclude_senders
-        else:  # the window moved on: days before it leave, rows stable since the last call join
+        else:  # the window moved on: days before it leave
             self._counted = {day: counts for day, counts in self._counted.items() if day >= from_ms}
-            if stable > self._counted_until:
-                since = max(from_ms, self._counted_until)
-                _add(self._counted, await self._count(since, stable, exclude_senders))
+        if stable > self._counted_until:  # rows stable since the last count join
+            since = max(from_ms, self._counted_until)
+            _add(self._counted, await self._count(since, stable, exclude_senders))
         self._counted_from, self._counted_until = from_ms, stable
+        if stable - self._persisted_until >= PERSIST_EVERY_MS:
+            await self._persist(exclude_senders, now_ms)
         days = {day: list(counts) for day, counts in self._counted.items()}
         _add(days, await self._count(stable, None, exclude_senders))
         return days
+
+    async def _load(
+        self, exclude_senders: tuple[str, ...], from_ms: int, stable: int
+    ) -> tuple[dict[int, list[int]], int] | None:
+        """The stored counts of the window's days from `from_ms` and their bound, when the document counts
+        the same senders from no later than `from_ms` up to no later than `stable`; None otherwise."""
+
+        def read(conn: Connection) -> Any:
+            return conn.scalar(select(service_meta.c.value).where(service_meta.c.key == COUNTS_KEY))
+
+        document = await run_read(self.engine, read)
+        if not isinstance(document, dict) or document.get("senders") != _senders_digest(exclude_senders):
+            return None
+        until = int(document["until"])
+        if int(document["from"]) > from_ms or until > stable:
+            return None
+        self._persisted_until = until
+        days = {int(day): [int(good), int(bad)] for day, (good, bad) in document["days"].items()}
+        return {day: counts for day, counts in days.items() if day >= from_ms}, until
+
+    async def _persist(self, exclude_senders: tuple[str, ...], now_ms: int) -> None:
+        """Store this host's counts unless the stored document already reaches as far. Each document is a
+        full count, so whichever host writes last with the furthest bound leaves a correct one."""
+        until = self._counted_until
+        assert until is not None
+        document = {
+            "senders": _senders_digest(exclude_senders),
+            "from": self._counted_from,
+            "until": until,
+            "days": {str(day): counts for day, counts in self._counted.items()},
+        }
+
+        def write(conn: Connection) -> None:
+            conn.execute(
+                dialect_insert(conn)(service_meta)
+                .values(key=COUNTS_KEY, value={"until": -1}, updated_at_ms=now_ms)
+                .on_conflict_do_nothing(index_elements=["key"])
+            )
+            statement = select(service_meta.c.value).where(service_meta.c.key == COUNTS_KEY)
+            stored = conn.scalar(statement.with_for_update())
+            if int((stored or {}).get("until", -1)) < until:
+                conn.execute(
+                    update(service_meta)
+                    .where(service_meta.c.key == COUNTS_KEY)
+                    .values(value=document, updated_at_ms=now_ms)
+                )
+
+        try:
+            await run_write(self.engine, write)
+        except Exception as exc:  # the page is still answered; the next call tries again
+            log.warning("availability counts not stored", error=type(exc).__name__)
+            return
+        self._persisted_until = until
 
     async def _count(
         self, from_ms: int, to_ms: int | None, exclude_senders: tuple[str, ...]
@@ -162,6 +236,10 @@ async def account_traffic(engine: AsyncEngine, account: str, from_ms: int, to_ms
     async with engine.connect() as conn:
         relays, failures = (await conn.execute(query)).one()
     return int(relays or 0), int(failures or 0)
+
+
+def _senders_digest(exclude_senders: tuple[str, ...]) -> str:
+    return hashlib.sha256("\n".join(sorted(exclude_senders)).encode()).hexdigest()
 
 
 def _add(days: dict[int, list[int]], more: dict[int, list[int]]) -> None:
