@@ -114,7 +114,9 @@ def test_availability_counts_earlier_days_and_reads_recent_ones_afresh(tmp_path:
     assert overall == round(100.0 * 2 / 3, 3)
 
 
-def test_a_host_starting_takes_the_counted_days_from_the_database(tmp_path: Path, unpaused_localnet: Any) -> None:
+def test_a_host_starting_takes_the_counted_days_from_the_database(
+    tmp_path: Path, unpaused_localnet: Any
+) -> None:
     url = f"sqlite+aiosqlite:///{(tmp_path / 'api.db').as_posix()}"
     asyncio.run(upgrade(url))
     sender = address_of(UserSecretKey.generate().generate_public_key().buffer).to_bech32()
