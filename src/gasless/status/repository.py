@@ -19,8 +19,8 @@ DAY_MS = 86_400_000
 
 # An intent's broadcast outcome is final once the tracker has given up on it (GIVE_UP_MS, 15 minutes after
 # its co-signature: a gateway acknowledged it, or it never will); refusals never change. Rows older than
-# this are counted once per host and kept. Not covered: a host down for longer than this re-broadcasts its
-# orphans when it starts again, and the other hosts keep counting those as never broadcast until they restart.
+# this are counted once and kept. Not covered: a host down for longer than this re-broadcasts its orphans
+# when it starts again, and they stay counted as never broadcast (docs/status.md).
 STABLE_AFTER_MS = 1_800_000
 # The stable days' counts are also kept in the database (`service_meta`, this key), so that a host starting
 # on a large database reads them instead of every intent of the 90 days: one document, {senders: digest of
