@@ -142,3 +142,36 @@ def test_a_host_starting_takes_the_counted_days_from_the_database(
     assert days[old] == 75.0
     with pytest.raises(StopIteration):
         next(second)
+
+
+def test_counts_stored_by_a_host_whose_clock_is_ahead_are_taken_and_not_counted_twice(tmp_path: Path) -> None:
+    """Host A's clock is a minute ahead: its stored counts reach a minute past host B's own bound. B takes
+    them (it does not count the older rows again) and reads afresh only what lies after them, so an intent
+    in that minute is counted once."""
+    from gasless.db import create_engine as create_async_engine
+    from gasless.status.repository import STABLE_AFTER_MS, StatusRepository
+
+    url = f"sqlite+aiosqlite:///{(tmp_path / 'api.db').as_posix()}"
+    asyncio.run(upgrade(url))
+    sender = address_of(UserSecretKey.generate().generate_public_key().buffer).to_bech32()
+    now = int(time.time() * 1000)
+    start = now // DAY_MS * DAY_MS - 89 * DAY_MS
+    old, in_between = (
+        now - 3 * DAY_MS,
+        now - STABLE_AFTER_MS + 30_000,
+    )  # the second: stable for A, fresh for B
+    _intent(url, sender, 0, old, True)
+    _intent(url, sender, 1, in_between, False)
+
+    async def run() -> dict[int, list[int]]:
+        engine = create_async_engine(url)
+        try:
+            await StatusRepository(engine).outcomes_by_day(start, (), now_ms=now + 60_000)  # host A
+            async with engine.begin() as conn:  # the old row leaves: B can only know it from A's counts
+                await conn.execute(delete(intents).where(intents.c.nonce == 0))
+            return await StatusRepository(engine).outcomes_by_day(start, (), now_ms=now)  # host B
+        finally:
+            await engine.dispose()
+
+    host_b = asyncio.run(run())
+    assert host_b == {old // DAY_MS * DAY_MS: [1, 0], in_between // DAY_MS * DAY_MS: [0, 1]}

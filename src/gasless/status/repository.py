@@ -58,14 +58,12 @@ class StatusRepository:
             self._counted_until is None
             or self._counted_key != exclude_senders
             or from_ms < self._counted_from
-            or stable < self._counted_until  # the clock went back
+            or stable < self._counted_until  # the clock went back, or counts from a host whose clock is ahead
         ):
-            stored = await self._load(exclude_senders, from_ms, stable)
+            stored = await self._load(exclude_senders, from_ms)
             if stored is None:
-                self._counted, self._counted_until = (
-                    await self._count(from_ms, stable, exclude_senders),
-                    stable,
-                )
+                counted = await self._count(from_ms, stable, exclude_senders)
+                self._counted, self._counted_until = counted, stable
             else:  # counted before, by this host or another: only the rows stable since then are read
                 self._counted, self._counted_until = stored
             self._counted_key = exclude_senders
@@ -74,18 +72,20 @@ class StatusRepository:
         if stable > self._counted_until:  # rows stable since the last count join
             since = max(from_ms, self._counted_until)
             _add(self._counted, await self._count(since, stable, exclude_senders))
-        self._counted_from, self._counted_until = from_ms, stable
-        if stable - self._persisted_until >= PERSIST_EVERY_MS:
+            self._counted_until = stable
+        self._counted_from = from_ms
+        if self._counted_until - self._persisted_until >= PERSIST_EVERY_MS:
             await self._persist(exclude_senders, now_ms)
         days = {day: list(counts) for day, counts in self._counted.items()}
-        _add(days, await self._count(stable, None, exclude_senders))
+        _add(days, await self._count(self._counted_until, None, exclude_senders))
         return days
 
     async def _load(
-        self, exclude_senders: tuple[str, ...], from_ms: int, stable: int
+        self, exclude_senders: tuple[str, ...], from_ms: int
     ) -> tuple[dict[int, list[int]], int] | None:
-        """The stored counts of the window's days from `from_ms` and their bound, when the document counts
-        the same senders from no later than `from_ms` up to no later than `stable`; None otherwise."""
+        """The stored counts of the window's days from `from_ms` and the time they reach, when the document
+        counts the same senders from no later than `from_ms`; None otherwise. A bound ahead of this host's
+        own (another host's clock is ahead) is taken as it is: the rows before it are counted there."""
 
         def read(conn: Connection) -> Any:
             return conn.scalar(select(service_meta.c.value).where(service_meta.c.key == COUNTS_KEY))
@@ -93,10 +93,9 @@ class StatusRepository:
         document = await run_read(self.engine, read)
         if not isinstance(document, dict) or document.get("senders") != _senders_digest(exclude_senders):
             return None
-        until = int(document["until"])
-        if int(document["from"]) > from_ms or until > stable:
+        if int(document["from"]) > from_ms:
             return None
-        self._persisted_until = until
+        until = self._persisted_until = int(document["until"])
         days = {int(day): [int(good), int(bad)] for day, (good, bad) in document["days"].items()}
         return {day: counts for day, counts in days.items() if day >= from_ms}, until
 
