@@ -40,6 +40,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -734,6 +735,7 @@ async def run_storage(args: argparse.Namespace, storage: str, work: Path) -> dic
     by_size: dict[int, dict[str, Any]] = {}
     plans: list[dict[str, Any]] = []
     databases: list[str] = []
+    services: list[Service] = []
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             info = await ready_localnet(session, gateway, data_dir)
@@ -752,11 +754,8 @@ async def run_storage(args: argparse.Namespace, storage: str, work: Path) -> dic
                 }
                 url = database_url or f"sqlite+aiosqlite:///{(size_dir / 'gasless.db').as_posix()}"
                 await upgrade(url)
-                return (
-                    database_url,
-                    size_dir / "gasless.db",
-                    Service(env, free_port(), size_dir / "service.log"),
-                )
+                services.append(Service(env, free_port(), size_dir / "service.log"))
+                return database_url, size_dir / "gasless.db", services[-1]
 
             # The template: one real relay on a database of its own.
             with console.status("a real relay for the seeded rows' template"):
@@ -824,6 +823,8 @@ async def run_storage(args: argparse.Namespace, storage: str, work: Path) -> dic
                     for path in sqlite_path.parent.glob("gasless.db*"):
                         path.unlink()
     finally:
+        for service in services:  # a run stopped midway leaves no service serving
+            service.stop()
         stop_processes([localnet])
         for url in databases:
             with contextlib.suppress(Exception):
@@ -894,6 +895,10 @@ def report(storage: str, by_size: dict[int, dict[str, Any]], plans: list[dict[st
             console.print(f"  FULL SCAN {p['full_scans']}: {p['sql']}")
 
 
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -930,6 +935,8 @@ def main() -> int:
     storages = ["sqlite", "postgresql"] if args.storage == "both" else [args.storage]
     if "postgresql" in storages and not args.database_url:
         parser.error("postgresql needs --database-url")
+    # A run stopped by SIGTERM stops its processes and drops its databases as on Ctrl-C (the `finally`).
+    signal.signal(signal.SIGTERM, _interrupted)
     results = []
     if args.keep:  # the databases outlive the run: a directory nobody removes
         tmp = tempfile.mkdtemp(prefix="gasless-seed-", dir=args.work_dir or None)
