@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -39,13 +40,31 @@ def free_ports(count: int) -> list[int]:
     return sorted(ports)
 
 
-def port_pair() -> int:
-    """A port p with p and p + 1 both free (`gasless up --hosts 2` takes both, for its API and its metrics)."""
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as probe:
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
+
+
+def port_pair(*other_pairs: int) -> int:
+    """A port p with p and p + 1 both free (`gasless up --hosts 2` takes both, for its API and its metrics),
+    apart from `other_pairs` (pairs drawn before, not bound yet).
+
+    Taken below the kernel's ephemeral range: a port the kernel hands out (an outgoing connection of any
+    process, or another test's bind to port 0) can land on p + 1 between this check and the bind, and did.
+    Only another pair drawn here can, and the draw is random over several thousand ports."""
+    low = max(1024, _ephemeral_range()[0] - 12_000)
+    generator = random.SystemRandom()
+    for _ in range(200):
+        port = generator.randrange(low, _ephemeral_range()[0] - 1)
+        if any(abs(port - other) <= 1 for other in other_pairs):
+            continue
+        with socket.socket() as first, socket.socket() as second:
             try:
-                probe.bind(("127.0.0.1", port + 1))
+                first.bind(("127.0.0.1", port))
+                second.bind(("127.0.0.1", port + 1))
             except OSError:
                 continue
         return port

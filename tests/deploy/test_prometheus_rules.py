@@ -125,7 +125,8 @@ def test_alerts_fire_in_a_real_prometheus_scraping_two_hosts(
     tmp_path: Path, postgres_url: str, redis_url: str
 ) -> None:
     prometheus_bin = tool("prometheus")
-    api, metrics, localnet_port, prometheus_port = port_pair(), port_pair(), free_port(), free_port()
+    api = port_pair()
+    metrics, localnet_port, prometheus_port = port_pair(api), free_port(), free_port()
     gateway = f"http://127.0.0.1:{localnet_port}"
     prefix = f"gasless-prom-{uuid.uuid4().hex[:8]}"  # this test's Redis keys, deleted at the end
     env = piped_env(GASLESS_RELAYER_REFRESH_MS="500", GASLESS_REDIS_PREFIX=prefix, COLUMNS="200")

@@ -544,7 +544,8 @@ def test_up_with_two_hosts_refuses_sqlite(tmp_path: Path) -> None:
 
 
 def test_up_with_two_hosts_serves_a_and_b(tmp_path: Path, postgres_url: str, redis_url: str) -> None:
-    api, metrics, localnet_port = port_pair(), port_pair(), free_port()
+    api = port_pair()
+    metrics, localnet_port = port_pair(api), free_port()
     log_path = tmp_path / "up.log"
     with log_path.open("w") as output:
         proc = subprocess.Popen(
