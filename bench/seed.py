@@ -482,14 +482,14 @@ async def seed_availability(database_url: str, sqlite_path: Path) -> float:
     would have left them, counted by the service's own code: the seconds it took, apart from the rows'.
     A host started on a database of an earlier release counts them once, at its first status request."""
     from gasless.db import create_engine
-    from gasless.status.repository import DAY_MS, StatusRepository
+    from gasless.status.repository import StatusRepository, availability_start
 
     engine = create_engine(database_url or f"sqlite+aiosqlite:///{sqlite_path.as_posix()}")
     try:
         now = int(time.time() * 1000)
         started = time.monotonic()
-        # The status page's window (status/service.py): the last 90 UTC days; the served host has no probe.
-        await StatusRepository(engine).outcomes_by_day(now // DAY_MS * DAY_MS - 89 * DAY_MS, (), now_ms=now)
+        # No senders excluded: the served host runs no probe.
+        await StatusRepository(engine).outcomes_by_day(availability_start(now), (), now_ms=now)
         return time.monotonic() - started
     finally:
         await engine.dispose()

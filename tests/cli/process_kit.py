@@ -55,10 +55,11 @@ def port_pair(*other_pairs: int) -> int:
     Taken below the kernel's ephemeral range: a port the kernel hands out (an outgoing connection of any
     process, or another test's bind to port 0) can land on p + 1 between this check and the bind, and did.
     Only another pair drawn here can, and the draw is random over several thousand ports."""
-    low = max(1024, _ephemeral_range()[0] - 12_000)
+    ephemeral_low = _ephemeral_range()[0]
+    low = max(1024, ephemeral_low - 12_000)
     generator = random.SystemRandom()
     for _ in range(200):
-        port = generator.randrange(low, _ephemeral_range()[0] - 1)
+        port = generator.randrange(low, ephemeral_low - 1)
         if any(abs(port - other) <= 1 for other in other_pairs):
             continue
         with socket.socket() as first, socket.socket() as second:

@@ -156,10 +156,8 @@ def test_counts_stored_by_a_host_whose_clock_is_ahead_are_taken_and_not_counted_
     sender = address_of(UserSecretKey.generate().generate_public_key().buffer).to_bech32()
     now = int(time.time() * 1000)
     start = now // DAY_MS * DAY_MS - 89 * DAY_MS
-    old, in_between = (
-        now - 3 * DAY_MS,
-        now - STABLE_AFTER_MS + 30_000,
-    )  # the second: stable for A, fresh for B
+    old = now - 3 * DAY_MS
+    in_between = now - STABLE_AFTER_MS + 30_000  # stable for A, fresh for B
     _intent(url, sender, 0, old, True)
     _intent(url, sender, 1, in_between, False)
 

@@ -15,6 +15,12 @@ from gasless.db.tables import incidents, intents, rejections, service_meta
 log = structlog.get_logger("gasless.status")
 
 DAY_MS = 86_400_000
+AVAILABILITY_DAYS = 90  # the status page's daily availability: the last 90 UTC days, today included
+
+
+def availability_start(now_ms: int) -> int:
+    """The first day of the status page's availability window at `now_ms`."""
+    return now_ms // DAY_MS * DAY_MS - (AVAILABILITY_DAYS - 1) * DAY_MS
 
 
 # An intent's broadcast outcome is final once the tracker has given up on it (GIVE_UP_MS, 15 minutes after

@@ -19,7 +19,7 @@ from typing import Any
 from gasless.incidents.repository import IncidentRepository
 from gasless.incidents.service import to_incident
 from gasless.status.probe import load_results
-from gasless.status.repository import DAY_MS, StatusRepository
+from gasless.status.repository import AVAILABILITY_DAYS, DAY_MS, StatusRepository, availability_start
 from gasless.status.schemas import AvailabilityDay, Component, ProbeResult, ShardLatency, Status, Telemetry
 from gasless.usage.latency import SHARD_WINDOW_MS
 from gasless.usage.rollups import RollupRepository, merged, percentile
@@ -176,11 +176,11 @@ class StatusService:
 
     async def availability(self, now: int) -> tuple[list[AvailabilityDay], float | None]:
         today = now // DAY_MS * DAY_MS
-        start = today - 89 * DAY_MS
+        start = availability_start(now)
         outcomes = await self.repo.outcomes_by_day(start, self.excluded_senders(), now_ms=now)
         touching = await self.repo.incidents_between(start, today + DAY_MS)
         days = []
-        for index in range(90):
+        for index in range(AVAILABILITY_DAYS):
             day = start + index * DAY_MS
             good, bad = outcomes.get(day, (0, 0))
             pct = round(100.0 * good / (good + bad), 3) if good + bad else None
