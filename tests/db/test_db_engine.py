@@ -125,6 +125,63 @@ async def test_postgresql_pool_keeps_every_connection_and_reuses_the_latest(post
 
 
 @pytest.mark.postgres
+async def test_postgresql_pool_closes_connections_idle_past_the_timeout(postgres_url: str) -> None:
+    """A burst opens ten connections; then one request at a time: the one it keeps using stays open and
+    the nine left idle are closed on the server, so the pool's backends follow the load instead of its
+    slowest spell's high-water mark (the soak's backends rose in steps and stayed). A new burst opens
+    connections again."""
+    engine = create_engine(postgres_url, close_idle_after_s=0.4)
+    admin = create_engine(postgres_url)
+    opened = 0
+
+    def count(*_: object) -> None:
+        nonlocal opened
+        opened += 1
+
+    event.listen(engine.sync_engine, "connect", count)
+    backends = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+
+    async def burst(size: int) -> None:
+        everyone_in = asyncio.Barrier(size)
+
+        async def hold() -> None:
+            async with engine.connect() as conn:
+                await everyone_in.wait()
+                await conn.execute(text("SELECT 1"))
+
+        await asyncio.gather(*(hold() for _ in range(size)))
+
+    async def backend_pid() -> int:
+        async with engine.connect() as conn:
+            return int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+
+    try:
+        await burst(10)
+        async with admin.connect() as conn:
+            assert (await conn.execute(backends)).scalar_one() == 10
+        used: set[int] = set()
+        deadline = time.monotonic() + 30
+        while True:  # the condition waited for: nine backends gone
+            used.add(await backend_pid())
+            async with admin.connect() as conn:
+                left = (await conn.execute(backends)).scalar_one()
+            if left == 1 or time.monotonic() > deadline:
+                break
+            await asyncio.sleep(0.05)  # one request at a time, as a quiet service makes them
+        assert left == 1
+        assert len(used) == 1  # the connection in use was never the one closed
+        assert opened == 10
+        await burst(10)
+        assert opened == 19
+        assert engine.sync_engine.pool.checkedin() == 10
+    finally:
+        await engine.dispose()
+        await admin.dispose()
+
+
+@pytest.mark.postgres
 async def test_postgresql_pings_only_connections_idle_past_the_window(postgres_url: str) -> None:
     """A connection back in use within the window goes out without a ping: its backend's last statement is
     still the one it ran. Past the window it is pinged first; and a connection killed while idle in the

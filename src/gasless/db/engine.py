@@ -20,6 +20,9 @@ from sqlalchemy import create_engine as create_sync_engine
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import AsyncAdaptedQueuePool, ConnectionPoolEntry
+from sqlalchemy.util import queue as sqla_queue
+from sqlalchemy.util.concurrency import in_greenlet
 
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 # A pooled PostgreSQL connection back in use within this many seconds of its return is handed out without
@@ -29,6 +32,11 @@ SQLITE_BUSY_TIMEOUT_MS = 5_000
 # hour, is pinged first and, when dead, replaced along with every connection older than it.
 PING_AFTER_IDLE_S = 0.5
 _RETURNED_AT = "gasless_returned_at"
+# A pooled PostgreSQL connection nobody took for this long is closed (HikariCP's idleTimeout; 10 min there):
+# the pool then holds what the last minute's load needed, not the high-water mark of its slowest spell
+# (docs/performance.md, the soak). One burst a minute at the same depth keeps its connections.
+CLOSE_IDLE_AFTER_S = 60.0
+_IDLE_SINCE = "gasless_idle_since"
 # Execution options read by the SQLite "begin" listener (ignored on PostgreSQL).
 BEGIN_MODE_OPTION = "gasless_sqlite_begin"
 PRE_BEGIN_OPTION = "gasless_sqlite_pre_begin"
@@ -43,9 +51,11 @@ def create_engine(
     connect_timeout: float = 10.0,
     echo: bool = False,
     ping_after_idle_s: float = PING_AFTER_IDLE_S,
+    close_idle_after_s: float = CLOSE_IDLE_AFTER_S,
 ) -> AsyncEngine:
     """An AsyncEngine for `sqlite+aiosqlite://` or `postgresql+asyncpg://` URLs. A PostgreSQL connection
-    idle in the pool for more than `ping_after_idle_s` seconds is pinged before it is handed out."""
+    idle in the pool for more than `ping_after_idle_s` seconds is pinged before it is handed out, and one
+    idle for more than `close_idle_after_s` seconds is closed."""
     parsed = make_url(url)
     if parsed.drivername == "sqlite+aiosqlite":
         return _create_sqlite_engine(url, connect_timeout=connect_timeout, echo=echo)
@@ -59,12 +69,14 @@ def create_engine(
             url,
             echo=echo,
             isolation_level="AUTOCOMMIT",
-            # Every connection is kept: an overflow connection was closed at its return and opened again
+            # A connection is kept at its return: an overflow connection was closed there and opened again
             # at the next burst (a new backend and TLS handshake every few relays; with 20 kept and 10 of
             # overflow, 60-100 sessions in a 1 536-relay run against 40 now). Last in, first out: a burst
-            # opens what it needs and a quiet spell leaves the rest idle, instead of rotating through all
-            # of them. The cap stays 30 a host: two hosts stay below PostgreSQL's default 100 connections
+            # opens what it needs and a quiet spell leaves the rest idle at the bottom, instead of
+            # rotating through all of them, and those idle past `close_idle_after_s` are closed. The cap
+            # stays 30 a host: two hosts stay below PostgreSQL's default 100 connections
             # (docs/performance.md, PostgreSQL).
+            poolclass=IdleClosingQueuePool,
             pool_size=30,
             max_overflow=0,
             pool_use_lifo=True,
@@ -72,6 +84,9 @@ def create_engine(
             pool_recycle=1_800,
             connect_args={"timeout": connect_timeout},
         )
+        pool = engine.sync_engine.pool
+        assert isinstance(pool, IdleClosingQueuePool)
+        pool.close_idle_after_s = close_idle_after_s
         _ping_after_idle(engine.sync_engine, ping_after_idle_s)
         return engine
     raise ValueError(
@@ -85,6 +100,51 @@ async def autovacuum_off(engine: AsyncEngine) -> bool:
         return False
     async with engine.connect() as conn:
         return str((await conn.exec_driver_sql("SHOW autovacuum")).scalar()) != "on"
+
+
+class IdleClosingQueuePool(AsyncAdaptedQueuePool):
+    """SQLAlchemy's asyncio queue pool, closing the connections nobody took for `close_idle_after_s`
+    seconds. The pool has no idle timeout of its own: every connection a slow spell opened stayed open to
+    the end (the soak's backends rose in steps at slow spells and never came down). The check runs at a
+    connection's return, at most four times a window: the idle ones are taken out of the queue before
+    they are closed, so no checkout can be handed one that is closing."""
+
+    close_idle_after_s = CLOSE_IDLE_AFTER_S
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._checked_idle_at = time.monotonic()
+
+    def recreate(self) -> IdleClosingQueuePool:
+        pool = super().recreate()
+        assert isinstance(pool, IdleClosingQueuePool)
+        pool.close_idle_after_s = self.close_idle_after_s
+        return pool
+
+    def _do_return_conn(self, record: ConnectionPoolEntry) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+        super()._do_return_conn(record)
+        now = time.monotonic()
+        # Closing awaits the server, which needs the greenlet SQLAlchemy runs a checkin in; a connection
+        # returned from elsewhere (the garbage collector's finalizer) leaves the check to the next return.
+        if now - self._checked_idle_at >= self.close_idle_after_s / 4 and in_greenlet():
+            self._checked_idle_at = now
+            self._close_idle(now - self.close_idle_after_s)
+
+    def _close_idle(self, idle_since: float) -> None:
+        taken: list[ConnectionPoolEntry] = []
+        with contextlib.suppress(sqla_queue.Empty):
+            while True:
+                taken.append(self._pool.get(False))  # the latest returned first
+        kept = [record for record in taken if record.info.get(_IDLE_SINCE, idle_since) >= idle_since]
+        for record in reversed(kept):  # back in their order: the latest returned on top
+            self._pool.put(record, False)
+        for record in taken:
+            if record.info.get(_IDLE_SINCE, idle_since) < idle_since:
+                try:
+                    record.close()
+                finally:
+                    self._dec_overflow()  # its place is free: a burst may open a new one
 
 
 def _ping_after_idle(engine: Engine, idle_s: float) -> None:
