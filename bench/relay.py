@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import json
 import math
 import os
@@ -784,6 +785,8 @@ async def run(
         stderr=subprocess.DEVNULL,
     )
     api_procs: list[subprocess.Popen[bytes]] = []
+    stall_ms, _, stall_log = (args.loop_stalls or "").partition(":")
+    api_stderr: Any = open(stall_log, "ab") if stall_log else subprocess.DEVNULL  # noqa: SIM115
     try:
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
             info = await ready_localnet(session, gateway, data_dir)
@@ -793,6 +796,8 @@ async def run(
                 "GASLESS_BENCH_UNBILLED": "true" if unbilled else "false",
                 "GASLESS_LATENCY_ROLLUP_ENABLED": "true" if rollups else "false",
             }
+            if stall_log:
+                env["GASLESS_LOOP_STALL_MS"] = stall_ms
             # One process per host; the first migrates the database before the next starts.
             for index, (port, api) in enumerate(zip(api_ports, apis, strict=True)):
                 profile = ["-m", "cProfile", "-o", f"{args.profile_api}.{index}"] if args.profile_api else []
@@ -803,7 +808,7 @@ async def run(
                         [*pin, py, *profile, "-m", "gasless.cli", "serve", "--port", str(port), *workers],
                         env={**env, "GASLESS_HOST_ID": HOST_IDS[index]},
                         stdout=subprocess.DEVNULL,
-                        stderr=subprocess.DEVNULL,
+                        stderr=api_stderr,
                     )
                 )
                 await wait_ok(session, f"{api}/readyz")
@@ -864,12 +869,14 @@ async def run(
             share = rate / top["relays_per_s"]
             with console.status(f"paced at {rate:.0f}/s ({share:.0%} of max)"):
                 counted = await gateway_requests(session, gateway)
+                paced_window = [time.time(), 0.0]
                 elapsed, results, cpu_used, instructions, storage_used = await measured_phase(
                     api_procs,
                     post_all(session, second, args.concurrency, rate),
                     storage_cpu,
                     sample_to=sample_path(args, "paced", unbilled),
                 )
+                paced_window[1] = time.time()
                 requests_paced = requests_per_relay(
                     counted, await gateway_requests(session, gateway), len(second)
                 )
@@ -893,6 +900,8 @@ async def run(
                 )
     finally:
         stop_processes([*api_procs, localnet])
+        if stall_log:
+            api_stderr.close()
     floor_after = floor(args.floor_count, relayer)
     floors = {"sqlite": (floor_before + floor_after) / 2}
     if database_url:
@@ -1000,8 +1009,40 @@ async def run(
         "sqlite_floor_before_after": [floor_before, floor_after],
         "floor_instructions_per_relay": floor_instructions,
     }
+    if stall_log:
+        result["paced"]["loop_stalls"] = print_loop_stalls(Path(stall_log), *paced_window)
     print(json.dumps(result))
     return result
+
+
+def print_loop_stalls(log_file: Path, start: float, end: float) -> list[dict[str, Any]]:
+    """The API's `event loop blocked` lines (`--loop-stalls`) logged within [start, end] (wall clock),
+    grouped by the innermost frame of the service's own code in their stack: what held the loop while the
+    paced relays' tail waited."""
+    groups: dict[str, list[float]] = {}
+    with log_file.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            if '"event loop blocked"' not in line:
+                continue
+            entry = json.loads(line)
+            at = datetime.datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00")).timestamp()
+            if not start <= at <= end:
+                continue
+            stack = entry.get("stack") or []
+            own = [frame for frame in stack if frame.startswith("gasless/")]
+            where = (own or stack or ["(not sampled)"])[-1]
+            groups.setdefault(where, []).append(float(entry["blocked_ms"]))
+    rows = sorted(
+        ({"where": k, "stalls": len(v), "blocked_ms": sum(v), "max_ms": max(v)} for k, v in groups.items()),
+        key=lambda row: -row["blocked_ms"],
+    )
+    table = Table(title=f"event loop stalls in the paced phase ({log_file})")
+    for col in ("innermost frame of gasless/", "stalls", "blocked ms", "longest ms"):
+        table.add_column(col)
+    for row in rows:
+        table.add_row(row["where"], str(row["stalls"]), f"{row['blocked_ms']:.1f}", f"{row['max_ms']:.1f}")
+    console.print(table)
+    return rows
 
 
 def main() -> int:
@@ -1069,6 +1110,13 @@ def main() -> int:
         "FILE.<storage>[-unbilled][.<N>-workers]",
     )
     parser.add_argument(
+        "--loop-stalls",
+        default="",
+        metavar="MS:FILE",
+        help="serve the API with GASLESS_LOOP_STALL_MS=MS, append its log to FILE and print the paced phase's "
+        "event loop stalls grouped by where the loop was",
+    )
+    parser.add_argument(
         "--rollups",
         action="store_true",
         help="also run with the latency rollups off (GASLESS_LATENCY_ROLLUP_ENABLED=false) and print the p50 "
@@ -1097,6 +1145,10 @@ def main() -> int:
             parser.error("--sample-api is PHASE:FILE with PHASE max or paced")
         if shutil.which("py-spy") is None:
             parser.error("--sample-api needs py-spy on PATH (pip install py-spy into any environment)")
+    if args.loop_stalls:
+        ms, _, path = args.loop_stalls.partition(":")
+        if not (ms.isdigit() and int(ms) > 0 and path):
+            parser.error("--loop-stalls is MS:FILE with MS a positive number of milliseconds")
     if args.storage_ratio and not (args.database_url and args.redis_url):
         parser.error("--storage-ratio needs --database-url (PostgreSQL) and --redis-url")
     if (args.workers > 1 or args.scaling) and not (args.database_url and args.redis_url and args.hosts == 1):

@@ -49,6 +49,7 @@ from gasless.limits.buckets import RouteLimiter, RouteLimitTable, local_route_li
 from gasless.limits.redis_backend import redis_backends, redis_namespace
 from gasless.limits.route_classes import RateLimitHeadersMiddleware
 from gasless.logs import quiet_sdk_loggers
+from gasless.loop_watch import LoopWatch
 from gasless.mcp.mount import mount_mcp
 from gasless.metrics import HostCollector, MetricsMiddleware
 from gasless.mirror.follower import MIRROR_ROLE
@@ -130,6 +131,10 @@ def create_app(
             state.keys, redis=state.redis, namespace=settings.redis_prefix
         )
         startup: asyncio.Task[None] | None = None
+        loop_watch: LoopWatch | None = None
+        if settings.loop_stall_ms:
+            loop_watch = LoopWatch(settings.loop_stall_ms / 1000, observe=state.metrics.loop_lag.observe)
+            loop_watch.start()
         try:
             await upgrade(state.engine)
             # The intents are readable before the relay core starts: a replay of bytes another host
@@ -189,6 +194,8 @@ def create_app(
                 await state.redis.aclose()
             await state.http.close()
             await state.engine.dispose()
+            if loop_watch is not None:
+                loop_watch.stop()
 
     app = FastAPI(
         title="gasless",

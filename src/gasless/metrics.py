@@ -32,6 +32,7 @@ ASGIApp = Callable[..., Any]
 
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.8, 1.0, 2.5, 5.0, 10.0)
 STAGE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 UNMATCHED_ROUTE = "<unmatched>"  # never the raw path: arbitrary paths would be unbounded label values
 PROBE_ROUTES = frozenset({"/healthz", "/readyz"})
 
@@ -81,6 +82,12 @@ class HostMetrics:
         self.unacknowledged_sends = Counter(
             "gasless_broadcast_unacknowledged",
             "Sends of a co-signed transaction (first sends and re-sends) that no gateway acknowledged.",
+            registry=self.registry,
+        )
+        self.loop_lag = Histogram(
+            "gasless_event_loop_lag_seconds",
+            "How late this process's event loop ran its heartbeat: what every callback due meanwhile waited.",
+            buckets=LOOP_LAG_BUCKETS,
             registry=self.registry,
         )
         self.settlement_failures = Counter(

@@ -118,6 +118,9 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=9108, ge=0, le=65535)
     metrics_host: str = "127.0.0.1"
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    # An event loop later than this in running what is due is logged with where it was (loop_watch.py);
+    # 0 turns the watch off.
+    loop_stall_ms: int = Field(default=100, ge=0, le=60_000)
     access_log: bool = True
     # Appends the code of every problem this host renders to this file (the test suite's error-coverage
     # guard reads it across every process it started); unset in production.

@@ -1,0 +1,125 @@
+"""How late the event loop runs what is due, and where it was when it ran late.
+
+Everything a host does shares one event loop: a callback that holds it (a large JSON document, a
+collection, a read that does not await) delays every request and round due meanwhile, and shows only as
+a tail in someone else's latency. A heartbeat scheduled on the loop measures that delay; a watchdog
+thread looks at the loop thread's stack once the heartbeat is later than the threshold, which is where the
+loop was while it kept the heartbeat waiting. Every beat's delay goes to the histogram
+`gasless_event_loop_lag_seconds`; a delay past the threshold is logged once as `event loop blocked`, with
+how long and that stack (code locations only: no values, so nothing secret).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+log = structlog.get_logger("gasless.loop")
+
+STACK_FRAMES = 16  # the innermost frames kept: enough to name the caller of whatever held the loop
+
+
+@dataclass(frozen=True, slots=True)
+class Stall:
+    """One heartbeat the loop ran later than the threshold: by how much, and the loop thread's stack the
+    watchdog found (innermost last; empty when it could not look in time, e.g. C code held the GIL)."""
+
+    late_s: float
+    stack: tuple[str, ...]
+
+
+class LoopWatch:
+    """The heartbeat and the watchdog of one event loop. `observe(late_s)` is called with every beat's
+    delay; `on_stall` with each beat later than `threshold_s`. The beat is due every `threshold_s / 4`
+    (at most every 25 ms) so a stall is seen within a quarter of its threshold."""
+
+    def __init__(
+        self,
+        threshold_s: float,
+        *,
+        observe: Callable[[float], None] = lambda _late_s: None,
+        on_stall: Callable[[Stall], None] | None = None,
+    ) -> None:
+        if threshold_s <= 0:
+            raise ValueError("threshold_s must be positive")
+        self.threshold_s = threshold_s
+        self.period_s = min(threshold_s / 4, 0.025)
+        self._observe = observe
+        self._on_stall = on_stall if on_stall is not None else log_stall
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._due = 0.0  # when the pending beat is due (monotonic seconds)
+        self._sampled: tuple[float, tuple[str, ...]] | None = None  # (the beat's due time, its stack)
+        self._handle: asyncio.TimerHandle | None = None
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Start watching the running loop (call from it)."""
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._schedule(time.monotonic())
+        self._thread = threading.Thread(target=self._watch, name="loop-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _schedule(self, now: float) -> None:
+        assert self._loop is not None
+        self._due = now + self.period_s
+        self._handle = self._loop.call_at(self._loop.time() + self.period_s, self._beat)
+
+    def _beat(self) -> None:
+        now = time.monotonic()
+        late = max(0.0, now - self._due)
+        sampled = self._sampled
+        self._observe(late)
+        if late > self.threshold_s:
+            stack = sampled[1] if sampled is not None and sampled[0] == self._due else ()
+            self._on_stall(Stall(late, stack))
+        self._schedule(now)
+
+    def _watch(self) -> None:
+        frames = sys._current_frames  # the documented way to read another thread's stack
+        while not self._stopping.wait(self.period_s / 2):
+            due = self._due
+            if time.monotonic() - due <= self.threshold_s:
+                continue
+            if self._sampled is not None and self._sampled[0] == due:
+                continue  # this stall is sampled already
+            frame = frames().get(self._loop_thread)
+            if frame is None:
+                continue
+            summary = traceback.extract_stack(frame)[-STACK_FRAMES:]
+            stack = tuple(f"{_module_path(entry.filename)}:{entry.lineno} {entry.name}" for entry in summary)
+            self._sampled = (due, stack)
+
+
+def _module_path(filename: str) -> str:
+    """A frame's file as the import system sees it (`gasless/relay/core.py`, `asyncio/events.py`), not
+    where this machine installed it."""
+    for marker in ("/site-packages/", "/src/"):
+        if marker in filename:
+            return filename.rsplit(marker, 1)[1]
+    parts = filename.rsplit("/", 2)
+    return "/".join(parts[-2:])
+
+
+def log_stall(stall: Stall) -> None:
+    log.warning(
+        "event loop blocked",
+        blocked_ms=round(stall.late_s * 1000, 1),
+        stack=list(stall.stack) or None,
+    )

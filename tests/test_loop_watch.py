@@ -1,0 +1,69 @@
+"""The event loop's watch: a callback that holds the loop is logged with how long and where; every beat's
+delay reaches the host's histogram; 0 turns the watch off."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from structlog.testing import capture_logs
+
+from gasless.app import create_app
+from gasless.loop_watch import LoopWatch, Stall, log_stall
+from gasless.settings import Settings
+from tests.test_metrics import free_port, samples
+
+
+def hold_the_loop(seconds: float) -> None:
+    time.sleep(seconds)  # the stall under test: a callback that never awaits
+
+
+async def test_a_callback_holding_the_loop_is_logged_with_its_stack() -> None:
+    stalls: list[Stall] = []
+    held = asyncio.Event()
+    lags: list[float] = []
+
+    def on_stall(stall: Stall) -> None:
+        log_stall(stall)
+        stalls.append(stall)
+        if any("hold_the_loop" in frame for frame in stall.stack):
+            held.set()
+
+    watch = LoopWatch(0.05, observe=lags.append, on_stall=on_stall)
+    watch.start()
+    try:
+        with capture_logs() as logs:
+            asyncio.get_running_loop().call_soon(hold_the_loop, 0.3)
+            await asyncio.wait_for(held.wait(), timeout=30)
+    finally:
+        watch.stop()
+    stall = next(s for s in stalls if any("hold_the_loop" in frame for frame in s.stack))
+    assert stall.late_s >= 0.2
+    assert stall.stack[-1].startswith("tests/test_loop_watch.py:")  # the innermost frame: the sleep's line
+    assert stall.stack[-1].endswith(" hold_the_loop")
+    assert max(lags) >= 0.2
+    line = next(entry for entry in logs if entry["stack"] and "hold_the_loop" in entry["stack"][-1])
+    assert line["event"] == "event loop blocked"
+    assert line["log_level"] == "warning"
+    assert line["blocked_ms"] >= 200
+
+
+def test_the_host_observes_its_loop_lag_unless_turned_off(tmp_path: Path) -> None:
+    gateway = [f"http://127.0.0.1:{free_port()}"]
+    watched = create_app(Settings(data_dir=tmp_path / "a", gateway_urls=gateway, loop_stall_ms=40))
+    with TestClient(watched) as client:
+        registry = watched.state.host.metrics.registry
+        deadline = time.monotonic() + 30
+        # The condition waited for: beats observed (one every 10 ms); each request lets the loop run.
+        while samples(registry, "gasless_event_loop_lag_seconds_count") in ([], [({}, 0.0)]):
+            assert time.monotonic() < deadline
+            client.get("/healthz")
+    unwatched = create_app(Settings(data_dir=tmp_path / "b", gateway_urls=gateway, loop_stall_ms=0))
+    with TestClient(unwatched) as client:
+        for _ in range(20):
+            client.get("/healthz")
+        assert samples(unwatched.state.host.metrics.registry, "gasless_event_loop_lag_seconds_count") == [
+            ({}, 0.0)
+        ]
