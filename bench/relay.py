@@ -1017,8 +1017,8 @@ async def run(
 
 def print_loop_stalls(log_file: Path, start: float, end: float) -> list[dict[str, Any]]:
     """The API's `event loop blocked` lines (`--loop-stalls`) logged within [start, end] (wall clock),
-    grouped by the innermost frame of the service's own code in their stack: what held the loop while the
-    paced relays' tail waited."""
+    grouped by the innermost frame of the service's own code in their stack (or the garbage collector, when
+    it ran for half the stall or more): what held the loop while the paced relays' tail waited."""
     groups: dict[str, list[float]] = {}
     with log_file.open(encoding="utf-8", errors="replace") as lines:
         for line in lines:
@@ -1031,6 +1031,8 @@ def print_loop_stalls(log_file: Path, start: float, end: float) -> list[dict[str
             stack = entry.get("stack") or []
             own = [frame for frame in stack if frame.startswith("gasless/")]
             where = (own or stack or ["(not sampled)"])[-1]
+            if entry.get("gc_ms", 0) >= entry["blocked_ms"] / 2:  # the collector: in no stack
+                where = f"garbage collection (generation {entry['gc_generation']})"
             groups.setdefault(where, []).append(float(entry["blocked_ms"]))
     rows = sorted(
         ({"where": k, "stalls": len(v), "blocked_ms": sum(v), "max_ms": max(v)} for k, v in groups.items()),

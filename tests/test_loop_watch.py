@@ -4,6 +4,7 @@ delay reaches the host's histogram; 0 turns the watch off."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from pathlib import Path
 
@@ -48,6 +49,42 @@ async def test_a_callback_holding_the_loop_is_logged_with_its_stack() -> None:
     assert line["event"] == "event loop blocked"
     assert line["log_level"] == "warning"
     assert line["blocked_ms"] >= 200
+    assert line["gc_ms"] < line["blocked_ms"] / 2  # a sleep, not the collector
+
+
+def hold_the_loop_collecting(rounds: int) -> None:
+    for _ in range(rounds):
+        cycle: list[object] = []
+        cycle.append(cycle)
+        del cycle
+        gc.collect()
+
+
+async def test_a_stall_counts_the_garbage_collectors_time_apart() -> None:
+    """A full collection stops every thread and is in no stack: the stall names its share."""
+    stalls: list[Stall] = []
+    seen = asyncio.Event()
+
+    def on_stall(stall: Stall) -> None:
+        stalls.append(stall)
+        if stall.gc_generation == 2:
+            seen.set()
+
+    watch = LoopWatch(0.05, on_stall=on_stall)
+    watch.start()
+    try:
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        loop.call_soon(hold_the_loop_collecting, 1)
+        await asyncio.sleep(0)
+        one_collection = time.perf_counter() - started
+        # Enough full collections in one callback to hold the loop for about 0.3 s.
+        loop.call_soon(hold_the_loop_collecting, max(2, int(0.3 / max(one_collection, 1e-4))))
+        await asyncio.wait_for(seen.wait(), timeout=60)
+    finally:
+        watch.stop()
+    stall = next(s for s in stalls if s.gc_generation == 2)
+    assert stall.gc_s >= stall.late_s / 2
 
 
 def test_the_host_observes_its_loop_lag_unless_turned_off(tmp_path: Path) -> None:

@@ -4,14 +4,17 @@ Everything a host does shares one event loop: a callback that holds it (a large 
 collection, a read that does not await) delays every request and round due meanwhile, and shows only as
 a tail in someone else's latency. A heartbeat scheduled on the loop measures that delay; a watchdog
 thread looks at the loop thread's stack once the heartbeat is later than the threshold, which is where the
-loop was while it kept the heartbeat waiting. Every beat's delay goes to the histogram
-`gasless_event_loop_lag_seconds`; a delay past the threshold is logged once as `event loop blocked`, with
-how long and that stack (code locations only: no values, so nothing secret).
+loop was while it kept the heartbeat waiting. The cyclic garbage collector stops every thread and shows
+in no stack, so the time it ran between two beats is counted apart. Every beat's delay goes to the
+histogram `gasless_event_loop_lag_seconds`; a delay past the threshold is logged once as `event loop
+blocked`, with how long, that stack (code locations only: no values, so nothing secret) and the
+collector's share.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import threading
 import time
@@ -28,11 +31,15 @@ STACK_FRAMES = 16  # the innermost frames kept: enough to name the caller of wha
 
 @dataclass(frozen=True, slots=True)
 class Stall:
-    """One heartbeat the loop ran later than the threshold: by how much, and the loop thread's stack the
-    watchdog found (innermost last; empty when it could not look in time, e.g. C code held the GIL)."""
+    """One heartbeat the loop ran later than the threshold: by how much, the loop thread's stack the
+    watchdog found (innermost last; empty when it could not look in time, e.g. C code held the GIL), and
+    the garbage collector's time since the beat before (any thread's collections: each stops them all)
+    with the oldest generation it collected (-1: none)."""
 
     late_s: float
     stack: tuple[str, ...]
+    gc_s: float = 0.0
+    gc_generation: int = -1
 
 
 class LoopWatch:
@@ -60,6 +67,9 @@ class LoopWatch:
         self._handle: asyncio.TimerHandle | None = None
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
+        self._gc_started = 0.0
+        self._gc_s = 0.0  # the collector's time since the last beat
+        self._gc_generation = -1
 
     def start(self) -> None:
         """Start watching the running loop (call from it)."""
@@ -68,8 +78,11 @@ class LoopWatch:
         self._schedule(time.monotonic())
         self._thread = threading.Thread(target=self._watch, name="loop-watch", daemon=True)
         self._thread.start()
+        gc.callbacks.append(self._collecting)
 
     def stop(self) -> None:
+        if self._collecting in gc.callbacks:
+            gc.callbacks.remove(self._collecting)
         if self._handle is not None:
             self._handle.cancel()
         self._stopping.set()
@@ -81,14 +94,24 @@ class LoopWatch:
         self._due = now + self.period_s
         self._handle = self._loop.call_at(self._loop.time() + self.period_s, self._beat)
 
+    def _collecting(self, phase: str, info: dict[str, int]) -> None:
+        # Called by the collector itself, in whichever thread triggered it (under the GIL).
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self._gc_s += time.perf_counter() - self._gc_started
+            self._gc_generation = max(self._gc_generation, info["generation"])
+
     def _beat(self) -> None:
         now = time.monotonic()
         late = max(0.0, now - self._due)
         sampled = self._sampled
+        gc_s, gc_generation = self._gc_s, self._gc_generation
+        self._gc_s, self._gc_generation = 0.0, -1
         self._observe(late)
         if late > self.threshold_s:
             stack = sampled[1] if sampled is not None and sampled[0] == self._due else ()
-            self._on_stall(Stall(late, stack))
+            self._on_stall(Stall(late, stack, gc_s, gc_generation))
         self._schedule(now)
 
     def _watch(self) -> None:
@@ -122,4 +145,6 @@ def log_stall(stall: Stall) -> None:
         "event loop blocked",
         blocked_ms=round(stall.late_s * 1000, 1),
         stack=list(stall.stack) or None,
+        gc_ms=round(stall.gc_s * 1000, 1),
+        gc_generation=stall.gc_generation if stall.gc_generation >= 0 else None,
     )
