@@ -12,7 +12,6 @@ from typing import Any, Literal
 import aiohttp
 import structlog
 from fastapi import FastAPI, Response
-from redis.asyncio import Redis
 
 from gasless import __version__
 from gasless.accounts import routes as account_routes
@@ -59,6 +58,7 @@ from gasless.notices.jobs import build_notices
 from gasless.notifications import routes as notification_routes
 from gasless.pricing import routes as pricing_routes
 from gasless.purchases import routes as purchase_routes
+from gasless.redis_client import connect_redis
 from gasless.registry import routes as registry_routes
 from gasless.relay import routes as relay_routes
 from gasless.relay.repository import IntentRepository
@@ -122,7 +122,7 @@ def create_app(
         state.engine = create_engine(settings.effective_database_url)
         state.http = aiohttp.ClientSession()
         if settings.redis_url:
-            state.redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2, socket_timeout=2)
+            state.redis = connect_redis(settings.redis_url, socket_connect_timeout=2, socket_timeout=2)
             # Shared buckets and stream slots: hosts a and b limit together.
             namespace = redis_namespace(settings.redis_prefix, settings.key_env, settings.network.chain_id)
             state.limits = RouteLimiter(state.limits.table, *redis_backends(state.redis, namespace))
