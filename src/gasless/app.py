@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
-import aiohttp
 import structlog
 from fastapi import FastAPI, Response
 
@@ -19,6 +18,7 @@ from gasless.auth import routes as auth_routes
 from gasless.auth.actions import ActionSignatures
 from gasless.auth.origins import OriginMiddleware, OriginPolicy
 from gasless.billing.decision import Entitlement
+from gasless.chain.gateway import gateway_session
 from gasless.compat import routes as compat_routes
 from gasless.compat.rendering import CompatErrorMiddleware
 from gasless.db import create_engine, upgrade
@@ -120,7 +120,7 @@ def create_app(
         # Everything started from here (workers included) logs with this host's id.
         structlog.contextvars.bind_contextvars(host_id=settings.instance_id)
         state.engine = create_engine(settings.effective_database_url)
-        state.http = aiohttp.ClientSession()
+        state.http = gateway_session()
         if settings.redis_url:
             state.redis = connect_redis(settings.redis_url, socket_connect_timeout=2, socket_timeout=2)
             # Shared buckets and stream slots: hosts a and b limit together.

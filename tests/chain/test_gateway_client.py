@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -361,3 +362,62 @@ async def test_closing_the_client_resolves_every_waiting_send(localnet, counted)
         await asyncio.gather(*(s.results for s in sent))
     assert not any(a.ok for a in acks)
     assert {a.error for a in acks[1:]} == {"gateway client closed"}
+
+
+async def test_the_gateway_session_reuses_the_latest_connection_and_lets_a_bursts_extra_ones_close() -> None:
+    """Ten requests at once open ten connections; then one request at a time: each goes over the
+    connection returned last, so the other nine stay idle until the keep-alive timeout closes them
+    (aiohttp's own order, the first returned first, kept all ten alive under a steady load)."""
+    from aiohttp import web
+
+    from gasless.chain.gateway import LatestFirstConnector
+
+    release = asyncio.Event()
+    held = 0
+
+    async def handler(request: web.Request) -> web.Response:
+        nonlocal held
+        if request.query.get("hold"):
+            held += 1
+            await release.wait()
+        peer = request.transport.get_extra_info("peername") if request.transport else None
+        return web.Response(text=str(peer[1] if peer else 0))
+
+    app = web.Application()
+    app.router.add_get("/", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    assert runner.server is not None
+    server = runner.server
+    session = aiohttp.ClientSession(connector=LatestFirstConnector(keepalive_timeout=0.5))
+    burst: list[asyncio.Task[str]] = []
+    try:
+
+        async def get(hold: bool = False) -> str:
+            async with session.get(f"http://127.0.0.1:{port}/", params={"hold": "1"} if hold else {}) as r:
+                return await r.text()
+
+        burst = [asyncio.create_task(get(hold=True)) for _ in range(10)]
+        deadline = time.monotonic() + 30
+        while held < 10:  # the condition waited for: ten requests in the handler at once
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.01)
+        assert len(server.connections) == 10
+        release.set()
+        await asyncio.gather(*burst)
+        ports: set[str] = set()
+        while len(server.connections) > 1:  # the condition waited for: nine connections closed
+            assert time.monotonic() < deadline
+            ports.add(await get())
+            await asyncio.sleep(0.02)  # one request at a time, as a quiet host sends them
+        assert len(ports) == 1  # every request of the steady load went over the same connection
+    finally:
+        release.set()
+        for task in burst:
+            task.cancel()
+        await asyncio.gather(*burst, return_exceptions=True)
+        await runner.cleanup()
+        await session.close()
