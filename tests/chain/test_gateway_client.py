@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import pytest
@@ -390,8 +390,7 @@ async def test_the_gateway_session_reuses_the_latest_connection_and_lets_a_burst
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = runner.addresses[0][1]
-    assert runner.server is not None
-    server = runner.server
+    server = cast(web.Server, runner.server)  # set by setup()
     session = aiohttp.ClientSession(connector=LatestFirstConnector(keepalive_timeout=0.5))
     burst: list[asyncio.Task[str]] = []
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -86,6 +87,35 @@ async def test_postgresql_reads_run_alone_and_writes_in_one_transaction(postgres
         await engine.dispose()
 
 
+def connections_opened(engine: AsyncEngine) -> Callable[[], int]:
+    """How many connections the engine's pool has opened so far."""
+    opened = 0
+
+    def count(*_: object) -> None:
+        nonlocal opened
+        opened += 1
+
+    event.listen(engine.sync_engine, "connect", count)
+    return lambda: opened
+
+
+async def burst(engine: AsyncEngine, size: int) -> None:
+    """`size` connections checked out at once, each running a statement."""
+    everyone_in = asyncio.Barrier(size)
+
+    async def hold() -> None:
+        async with engine.connect() as conn:
+            await everyone_in.wait()  # all of them checked out at once
+            await conn.execute(text("SELECT 1"))
+
+    await asyncio.gather(*(hold() for _ in range(size)))
+
+
+async def backend_pid(engine: AsyncEngine) -> int:
+    async with engine.connect() as conn:
+        return int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
+
+
 @pytest.mark.postgres
 async def test_postgresql_pool_keeps_every_connection_and_reuses_the_latest(postgres_url: str) -> None:
     """Thirty requests at once, twice: the second burst reuses the first burst's connections. Connections
@@ -95,32 +125,14 @@ async def test_postgresql_pool_keeps_every_connection_and_reuses_the_latest(post
     request at a time: each takes the connection returned last, so a quiet spell leaves the others idle
     instead of rotating through all of them."""
     engine = create_engine(postgres_url)
-    opened = 0
-
-    def count(*_: object) -> None:
-        nonlocal opened
-        opened += 1
-
-    event.listen(engine.sync_engine, "connect", count)
-    everyone_in = asyncio.Barrier(30)
-
-    async def hold() -> None:
-        async with engine.connect() as conn:
-            await everyone_in.wait()  # all thirty checked out at once
-            await conn.execute(text("SELECT 1"))
-
-    async def backend_pid() -> int:
-        async with engine.connect() as conn:
-            return int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
-
+    opened = connections_opened(engine)
     try:
-        await asyncio.gather(*(hold() for _ in range(30)))
-        everyone_in = asyncio.Barrier(30)
-        await asyncio.gather(*(hold() for _ in range(30)))
-        one_at_a_time = [await backend_pid() for _ in range(5)]
+        await burst(engine, 30)
+        await burst(engine, 30)
+        one_at_a_time = [await backend_pid(engine) for _ in range(5)]
     finally:
         await engine.dispose()
-    assert opened == 30
+    assert opened() == 30
     assert len(set(one_at_a_time)) == 1
 
 
@@ -132,39 +144,19 @@ async def test_postgresql_pool_closes_connections_idle_past_the_timeout(postgres
     connections again."""
     engine = create_engine(postgres_url, close_idle_after_s=0.4)
     admin = create_engine(postgres_url)
-    opened = 0
-
-    def count(*_: object) -> None:
-        nonlocal opened
-        opened += 1
-
-    event.listen(engine.sync_engine, "connect", count)
+    opened = connections_opened(engine)
     backends = text(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
     )
 
-    async def burst(size: int) -> None:
-        everyone_in = asyncio.Barrier(size)
-
-        async def hold() -> None:
-            async with engine.connect() as conn:
-                await everyone_in.wait()
-                await conn.execute(text("SELECT 1"))
-
-        await asyncio.gather(*(hold() for _ in range(size)))
-
-    async def backend_pid() -> int:
-        async with engine.connect() as conn:
-            return int((await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one())
-
     try:
-        await burst(10)
+        await burst(engine, 10)
         async with admin.connect() as conn:
             assert (await conn.execute(backends)).scalar_one() == 10
         used: set[int] = set()
         deadline = time.monotonic() + 30
         while True:  # the condition waited for: nine backends gone
-            used.add(await backend_pid())
+            used.add(await backend_pid(engine))
             async with admin.connect() as conn:
                 left = (await conn.execute(backends)).scalar_one()
             if left == 1 or time.monotonic() > deadline:
@@ -172,9 +164,9 @@ async def test_postgresql_pool_closes_connections_idle_past_the_timeout(postgres
             await asyncio.sleep(0.05)  # one request at a time, as a quiet service makes them
         assert left == 1
         assert len(used) == 1  # the connection in use was never the one closed
-        assert opened == 10
-        await burst(10)
-        assert opened == 19
+        assert opened() == 10
+        await burst(engine, 10)
+        assert opened() == 19
         assert engine.sync_engine.pool.checkedin() == 10
     finally:
         await engine.dispose()
