@@ -62,6 +62,7 @@ from relay import (  # noqa: E402  (the sibling benchmark)
 )
 
 from gasless.chain.addresses import address_of, parse_address  # noqa: E402
+from gasless.chain.gateway import LatestFirstConnector  # noqa: E402
 
 WARMUP_S = 300  # the first 5 minutes: growth is judged after them, the first p99 over them
 RENEW_BEFORE_MS = 60_000  # a lease is renewed this long before it expires
@@ -369,7 +370,10 @@ async def soak(args: argparse.Namespace, data_dir: Path) -> dict[str, Any]:
     vacuum: asyncio.Task[None] | None = None
     finished = False
     try:
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        # Latest first, as the service's clients take their connections: Node's agent (the starter kit's;
+        # 'lifo' since Node 16) and urllib3's pool (the Python SDK's). aiohttp's own first-returned-first
+        # rotates through every connection a slow spell opened and keeps them all open on the hosts.
+        async with aiohttp.ClientSession(connector=LatestFirstConnector(limit=0)) as session:
             info = await ready_localnet(session, gateway, data_dir)
             env = {
                 **service_env(data_dir, gateway, info, database_url, args.redis_url),

@@ -7,8 +7,11 @@ import asyncio
 import gc
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
+from relay_kit import start_env  # type: ignore[import-not-found]
 from structlog.testing import capture_logs
 
 from gasless.app import create_app
@@ -104,3 +107,30 @@ def test_the_host_observes_its_loop_lag_unless_turned_off(tmp_path: Path) -> Non
         assert samples(unwatched.state.host.metrics.registry, "gasless_event_loop_lag_seconds_count") == [
             ({}, 0.0)
         ]
+
+
+def test_a_host_that_only_serves_settles_its_heap_once_ready(tmp_path: Path, localnet: Any) -> None:
+    """`settle_heap_when_ready`: what the ready host holds leaves the cyclic collector's reach (a full
+    collection walks only what came after); without it (a host sharing its process: tests) nothing is
+    frozen."""
+    gc.collect()
+    gc.unfreeze()
+    try:
+        envs = start_env(tmp_path / "plain", localnet)
+        next(envs)
+        assert gc.get_freeze_count() == 0
+        with pytest.raises(StopIteration):
+            next(envs)
+        envs = start_env(tmp_path / "settled", localnet, app_kwargs={"settle_heap_when_ready": True})
+        env = next(envs)
+        deadline = time.monotonic() + 30
+        while gc.get_freeze_count() == 0:  # settled once its start-up has ended, just after /readyz said so
+            assert time.monotonic() < deadline, "the ready host's heap was not settled"
+            env.client.get("/healthz")
+        assert gc.is_tracked(env.client.app.state.host) and env.client.app.state.host.restored
+        # What the ready host holds is among the frozen: a full collection no longer walks it.
+        assert not any(obj is env.client.app.state.host for obj in gc.get_objects())
+        with pytest.raises(StopIteration):
+            next(envs)
+    finally:
+        gc.unfreeze()  # the test process's collector as it was: the stopped hosts can go

@@ -48,7 +48,7 @@ from gasless.limits.buckets import RouteLimiter, RouteLimitTable, local_route_li
 from gasless.limits.redis_backend import redis_backends, redis_namespace
 from gasless.limits.route_classes import RateLimitHeadersMiddleware
 from gasless.logs import quiet_sdk_loggers
-from gasless.loop_watch import LoopWatch
+from gasless.loop_watch import LoopWatch, settle_heap
 from gasless.mcp.mount import mount_mcp
 from gasless.metrics import HostCollector, MetricsMiddleware
 from gasless.mirror.follower import MIRROR_ROLE
@@ -98,12 +98,15 @@ def create_app(
     entitlement_factory: Callable[[ContractMirror], Entitlement] | None = None,
     route_limits: RouteLimitTable | None = None,
     ready_wait_s: float = 0.0,
+    settle_heap_when_ready: bool = False,
 ) -> FastAPI:
     """The API host. `signer_wrapper` and `entitlement_factory` replace collaborators (fault tests, KMS);
     `route_limits` replaces the request-limit table of docs/api-conventions.md (tests, an operator's tighter
     limits).
     `ready_wait_s`: how long the start-up may hold off serving until the host is ready (a worker process
-    restarted on its host's port, gasless.cli.api_workers); 0 serves at once, /readyz answering 503."""
+    restarted on its host's port, gasless.cli.api_workers); 0 serves at once, /readyz answering 503.
+    `settle_heap_when_ready`: once the host is ready, freeze what it holds out of the cyclic collector's
+    reach (gasless.loop_watch.settle_heap): for a process that serves and does nothing else."""
     keys = purpose_keys(settings)
     state = HostState(
         settings=settings,
@@ -166,6 +169,10 @@ def create_app(
             startup = asyncio.create_task(
                 start_relay_core(state, settings, signer_wrapper, entitlement_factory), name="startup"
             )
+            if settle_heap_when_ready:
+                startup.add_done_callback(
+                    lambda task: settle_heap() if not task.cancelled() and state.restored else None
+                )
             if ready_wait_s > 0:
                 await _until_ready(state, startup, ready_wait_s)
             assert state.mcp is not None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import sys
 from collections.abc import Callable, Coroutine
@@ -28,6 +27,7 @@ from gasless.cli.relay import relay_app
 from gasless.cli.signals import StopRequested, run_until_stopped, stop_exit_code
 from gasless.cli.x402 import x402_app
 from gasless.logs import configure_logging
+from gasless.loop_watch import settle_heap
 
 # `gasless --help` lists the commands by what they are for, in this order (each command's panel).
 PANELS: dict[str, tuple[str, ...]] = {
@@ -63,18 +63,6 @@ register_admin(app)  # gasless admin ..., gasless verify-proof
 register_agents(app)  # gasless mcp
 register_purchases(app)  # gasless pricing, buy, deposit, flags, senders
 register_keys(app)  # gasless keys ... (docs/keys.md)
-
-
-def settle_heap() -> None:
-    """Put what the process allocated so far out of the cyclic collector's reach (`gc.freeze`).
-
-    That is mostly the imported modules' objects (about 250 000: functions, classes, tables, schemas),
-    which live as long as the process. A full collection walked them all and stopped every thread for
-    about 200 ms, a few times a minute under load: the relays arriving meanwhile waited that long. After
-    this a full collection walks only what the service allocated since (27 ms in the same run;
-    docs/performance.md). For long-running processes only: a frozen object is never collected."""
-    gc.collect()  # what is garbage already goes now, not frozen for good
-    gc.freeze()
 
 
 def run_service(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -245,6 +233,7 @@ def up(
         fresh=fresh,
         status_port=status_port,
         mail_port=mail_port,
+        settle_heap=True,  # this process only serves
     )
     try:
         check_embedded(options)
@@ -486,7 +475,13 @@ def serve(
     async def main() -> None:
         if parent_fd is not None:
             watch_parent(parent_fd)
-        await serve_api(settings, listeners, log_level=settings.log_level.lower(), ready_wait_s=ready_wait_s)
+        await serve_api(
+            settings,
+            listeners,
+            log_level=settings.log_level.lower(),
+            ready_wait_s=ready_wait_s,
+            settle_heap=True,  # this process only serves
+        )
 
     try:
         run_service(main)
