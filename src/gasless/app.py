@@ -136,7 +136,13 @@ def create_app(
         startup: asyncio.Task[None] | None = None
         loop_watch: LoopWatch | None = None
         if settings.loop_stall_ms:
-            loop_watch = LoopWatch(settings.loop_stall_ms / 1000, observe=state.metrics.loop_lag.observe)
+            loop_watch = LoopWatch(
+                settings.loop_stall_ms / 1000,
+                observe=state.metrics.loop_lag.observe,
+                observe_gc=lambda generation, took: state.metrics.gc_pause.labels(str(generation)).observe(
+                    took
+                ),
+            )
             loop_watch.start()
         try:
             await upgrade(state.engine)

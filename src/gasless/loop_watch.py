@@ -8,7 +8,8 @@ loop was while it kept the heartbeat waiting. The cyclic garbage collector stops
 in no stack, so the time it ran between two beats is counted apart. Every beat's delay goes to the
 histogram `gasless_event_loop_lag_seconds`; a delay past the threshold is logged once as `event loop
 blocked`, with how long, that stack (code locations only: no values, so nothing secret) and the
-collector's share.
+collector's share. Each collection's own time goes to `observe_gc(generation, seconds)` (the histogram
+`gasless_gc_pause_seconds`), handed over at the next beat.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class LoopWatch:
         *,
         observe: Callable[[float], None] = lambda _late_s: None,
         on_stall: Callable[[Stall], None] | None = None,
+        observe_gc: Callable[[int, float], None] = lambda _generation, _seconds: None,
     ) -> None:
         if threshold_s <= 0:
             raise ValueError("threshold_s must be positive")
@@ -70,6 +72,10 @@ class LoopWatch:
         self._gc_started = 0.0
         self._gc_s = 0.0  # the collector's time since the last beat
         self._gc_generation = -1
+        self._observe_gc = observe_gc
+        # Each collection's (generation, seconds), observed at the next beat: the collector's callback
+        # may run in any thread, in the middle of anything, even of the metric's own update.
+        self._gc_pauses: list[tuple[int, float]] = []
 
     def start(self) -> None:
         """Start watching the running loop (call from it)."""
@@ -99,8 +105,10 @@ class LoopWatch:
         if phase == "start":
             self._gc_started = time.perf_counter()
         else:
-            self._gc_s += time.perf_counter() - self._gc_started
+            took = time.perf_counter() - self._gc_started
+            self._gc_s += took
             self._gc_generation = max(self._gc_generation, info["generation"])
+            self._gc_pauses.append((info["generation"], took))
 
     def _beat(self) -> None:
         now = time.monotonic()
@@ -108,6 +116,9 @@ class LoopWatch:
         sampled = self._sampled
         gc_s, gc_generation = self._gc_s, self._gc_generation
         self._gc_s, self._gc_generation = 0.0, -1
+        pauses, self._gc_pauses = self._gc_pauses, []
+        for generation, took in pauses:
+            self._observe_gc(generation, took)
         self._observe(late)
         if late > self.threshold_s:
             stack = sampled[1] if sampled is not None and sampled[0] == self._due else ()

@@ -90,6 +90,14 @@ class HostMetrics:
             buckets=LOOP_LAG_BUCKETS,
             registry=self.registry,
         )
+        self.gc_pause = Histogram(
+            "gasless_gc_pause_seconds",
+            "How long each of this process's cyclic garbage collections ran, by the oldest generation it "
+            "collected: every thread waits meanwhile (2 is a full collection).",
+            ("generation",),
+            buckets=LOOP_LAG_BUCKETS,
+            registry=self.registry,
+        )
         self.settlement_failures = Counter(
             "gasless_settlement_failures",
             "Settlement batch failures on this host, by kind (send, execution, root_conflict, tick).",
