@@ -36,6 +36,7 @@ import datetime
 import json
 import math
 import os
+import random
 import shutil
 import signal
 import socket
@@ -223,11 +224,14 @@ async def post_all(
     concurrency: int,
     rate: float | None,
     path: str = "/v1/relay",
+    arrivals: str = "periodic",
 ) -> tuple[float, list[dict[str, Any]]]:
     """One stream per sender (a wallet sends its nonces in order); `concurrency` senders at a time.
 
-    With `rate`, request i is due at start + i / rate (open loop); a stream waits for its request's slot.
+    With `rate`, request i is due at start + its offset in `arrival_offsets` (open loop); a stream waits
+    for its request's slot.
     """
+    due = arrival_offsets(len(bodies), rate, arrivals) if rate is not None else []
     streams: dict[str, list[tuple[int, str, dict[str, Any]]]] = {}
     for index, (api, body) in enumerate(bodies):
         streams.setdefault(body.get("tx", body)["sender"], []).append((index, api, body))
@@ -245,7 +249,7 @@ async def post_all(
                 return
             for index, api, body in stream:
                 if rate is not None:
-                    delay = start + index / rate - time.monotonic()
+                    delay = start + due[index] - time.monotonic()
                     if delay > 0:
                         await asyncio.sleep(delay)
                 sent_at_ms = int(time.time() * 1000)
@@ -255,6 +259,24 @@ async def post_all(
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return time.monotonic() - start, results
+
+
+ARRIVALS_SEED = 39  # the same Poisson schedule in every run and for the chain's floor
+
+
+def arrival_offsets(count: int, rate: float, arrivals: str) -> list[float]:
+    """When each of `count` requests is due, in seconds from the start, at `rate` a second on average.
+
+    "periodic": every 1 / rate. At 110/s with 600 ms rounds that is exactly 66 a round, each round's
+    arrivals at the same offsets from its start: whether one of them falls in the few milliseconds before
+    the round's block closes (and waits a second round) is decided by the run's starting phase, for every
+    round of the run alike. "poisson": independent arrivals, as users arrive, each relay's place in its
+    round uniform and bursts queueing as they would: a Poisson process given its count over the run's span
+    (count / rate), which is that many uniform instants in order (a fixed seed: the same in every run)."""
+    if arrivals == "periodic":
+        return [index / rate for index in range(count)]
+    draw = random.Random(ARRIVALS_SEED)
+    return sorted(draw.uniform(0, count / rate) for _ in range(count))
 
 
 def floor_transactions(count: int, relayer: UserSecretKey) -> tuple[UserSecretKey, Any, list[Transaction]]:
@@ -687,6 +709,7 @@ async def chain_floor_rounds(
     concurrency: int,
     rate: float,
     round_ms: int,
+    arrivals: str,
     timeout: float = 120,
 ) -> dict[str, Any]:
     """The chain's own floor for target 3, in the same run: the same kind of transactions (same senders,
@@ -697,7 +720,7 @@ async def chain_floor_rounds(
         tx = Transaction.new_from_dictionary(body["tx"])
         tx.relayer_signature = relayers[tx.relayer.to_bech32()].sign(computer.compute_bytes_for_signing(tx))
         direct.append((gateway, tx.to_dictionary()))
-    _, sent = await post_all(session, direct, concurrency, rate, path="/transaction/send")
+    _, sent = await post_all(session, direct, concurrency, rate, path="/transaction/send", arrivals=arrivals)
     pending = {r["data"]["txHash"]: r["sentAtMs"] for r in sent if r["status"] == 200}
     rounds: list[int] = []
     deadline = time.monotonic() + timeout
@@ -872,7 +895,7 @@ async def run(
                 paced_window = [time.time(), 0.0]
                 elapsed, results, cpu_used, instructions, storage_used = await measured_phase(
                     api_procs,
-                    post_all(session, second, args.concurrency, rate),
+                    post_all(session, second, args.concurrency, rate, arrivals=args.arrivals),
                     storage_cpu,
                     sample_to=sample_path(args, "paced", unbilled),
                 )
@@ -880,7 +903,7 @@ async def run(
                 requests_paced = requests_per_relay(
                     counted, await gateway_requests(session, gateway), len(second)
                 )
-            paced = summarize(f"paced at {share:.0%} of max", elapsed, results)
+            paced = summarize(f"paced at {share:.0%} of max ({args.arrivals})", elapsed, results)
             add_costs(paced, cpu_used, instructions, storage_used)
             paced["gateway_requests_per_relay"] = requests_paced
             with console.status("reading the paced relays' roundsToInclusion back"):
@@ -896,7 +919,7 @@ async def run(
                     for key in (UserPEM.from_file(Path(pem)).secret_key for pem in relayer_pems)
                 }
                 paced["chain_floor"] = await chain_floor_rounds(
-                    session, gateway, third, relayers, args.concurrency, rate, args.round_ms
+                    session, gateway, third, relayers, args.concurrency, rate, args.round_ms, args.arrivals
                 )
     finally:
         stop_processes([*api_procs, localnet])
@@ -999,6 +1022,7 @@ async def run(
     result = {
         "idle_cpu_ms_per_s": idle_cpu_ms_per_s,
         "mode": mode,
+        "arrivals": args.arrivals,
         "hosts": args.hosts,
         "workers": args.workers,
         "storage": storage,
@@ -1068,6 +1092,13 @@ def main() -> int:
         type=float,
         default=0.0,
         help="the paced run's rate in relays/s (instead of --paced-share of the measured maximum)",
+    )
+    parser.add_argument(
+        "--arrivals",
+        choices=("periodic", "poisson"),
+        default="periodic",
+        help="the paced run's arrivals (and the chain's floor's): evenly spaced, or Poisson at the same "
+        "average rate (bench/relay.py arrival_offsets)",
     )
     parser.add_argument(
         "--hosts", type=int, default=1, choices=(1, 2), help="API processes (two need --database-url)"
