@@ -67,6 +67,7 @@ from relay import (  # noqa: E402  (the sibling benchmark)
     percentile,
     post_all,
     prepare,
+    print_loop_stalls,
     ready_localnet,
     service_env,
     stop_processes,
@@ -526,9 +527,11 @@ async def measure_size(
         sampler.stop()
     # Relays at a fixed offered load.
     bodies = await prepare(session, [service.api], senders, args.per_sender, 0)
+    window = [time.time(), 0.0]
     elapsed, results, cpu_used, _, _ = await measured_phase(
         [proc], post_all(session, bodies, args.senders, args.rate)
     )
+    window[1] = time.time()
     paced = summarize(f"paced at {args.rate:g}/s", elapsed, results)
     figures["relay"] = {
         "ok": paced["ok"],
@@ -538,6 +541,8 @@ async def measure_size(
         "accept_p99_ms": paced["accept_p99"],
         "added_p99_ms": paced["added_p99"],
     }
+    if args.loop_stall_ms:
+        figures["relay"]["loop_stalls"] = print_loop_stalls(service.log, *window)
     fresh = [r["txHash"] for r in results if r["status"] in (200, 202)]
     await asyncio.sleep(3)  # the relays' finality, so the reads below find them final
     # Reads.
@@ -752,6 +757,8 @@ async def run_storage(args: argparse.Namespace, storage: str, work: Path) -> dic
                     "GASLESS_DATA_DIR": str(size_dir),
                     "GASLESS_METRICS_PORT": "0",
                 }
+                if args.loop_stall_ms:
+                    env["GASLESS_LOOP_STALL_MS"] = f"{args.loop_stall_ms:g}"
                 url = database_url or f"sqlite+aiosqlite:///{(size_dir / 'gasless.db').as_posix()}"
                 await upgrade(url)
                 services.append(Service(env, free_port(), size_dir / "service.log"))
@@ -921,6 +928,13 @@ def main() -> int:
         "--sample-idle",
         default="",
         help="py-spy (on PATH) samples the service over the warm idle window: collapsed stacks to FILE.<size>",
+    )
+    parser.add_argument(
+        "--loop-stall-ms",
+        type=float,
+        default=0,
+        help="the services' loop watch threshold (GASLESS_LOOP_STALL_MS): the relay phase's stalls grouped "
+        "by where the loop was, from each size's service.log",
     )
     parser.add_argument("--reads", type=int, default=200, help="requests per read figure")
     parser.add_argument("--no-plans", action="store_true")
