@@ -759,6 +759,55 @@ def requests_per_relay(
     return {route: round(count / relays, 3) for route, count in sorted(spent.items()) if count}
 
 
+async def gc_totals(session: aiohttp.ClientSession, metrics_urls: list[str]) -> dict[str, list[float]]:
+    """The API processes' cyclic collections so far, by generation: [collections, seconds] (their
+    `gasless_gc_pause_seconds` histograms, summed over the hosts; empty from a build without it)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    totals: dict[str, list[float]] = {}
+    for url in metrics_urls:
+        async with session.get(url) as resp:
+            text = await resp.text()
+        for family in text_string_to_metric_families(text):
+            if family.name != "gasless_gc_pause_seconds":
+                continue
+            for sample in family.samples:
+                pair = totals.setdefault(sample.labels["generation"], [0.0, 0.0])
+                if sample.name.endswith("_count"):
+                    pair[0] += sample.value
+                elif sample.name.endswith("_sum"):
+                    pair[1] += sample.value
+    return totals
+
+
+def gc_per_relay(
+    before: dict[str, list[float]], after: dict[str, list[float]], relays: int
+) -> dict[str, Any]:
+    """A phase's collections by generation: how many, and their time (every thread waited meanwhile) in
+    all and per relay."""
+    phase: dict[str, Any] = {}
+    for generation, (count, seconds) in sorted(after.items()):
+        count_before, seconds_before = before.get(generation, [0.0, 0.0])
+        ms = 1000 * (seconds - seconds_before)
+        phase[generation] = {
+            "collections": int(count - count_before),
+            "ms": ms,
+            "ms_per_relay": ms / max(1, relays),
+        }
+    return phase
+
+
+def print_gc(label: str, per_generation: dict[str, Any]) -> None:
+    if not per_generation:
+        console.print(f"{label}: garbage collections not counted by this build")
+        return
+    parts = ", ".join(
+        f"generation {generation} {row['collections']} in {row['ms']:.1f} ms ({row['ms_per_relay']:.3f} ms a relay)"
+        for generation, row in per_generation.items()
+    )
+    console.print(f"{label}: the API's garbage collections: {parts}")
+
+
 def print_requests(label: str, per_relay: dict[str, float] | None) -> None:
     if per_relay is None:
         console.print(f"{label}: gateway requests not counted by this build's localnet")
@@ -785,6 +834,8 @@ async def run(
     api_ports = [free_port() for _ in range(args.hosts)]
     gateway = f"http://127.0.0.1:{gw_port}"
     apis = [f"http://127.0.0.1:{port}" for port in api_ports]
+    metrics_ports = [free_port() for _ in range(args.hosts)]
+    metrics_urls = [f"http://127.0.0.1:{port}/metrics" for port in metrics_ports]
     py = sys.executable
     localnet_profile = ["-m", "cProfile", "-o", args.profile_localnet] if args.profile_localnet else []
     database_url = await create_bench_database(args.database_url) if args.database_url else ""
@@ -829,7 +880,11 @@ async def run(
                 api_procs.append(
                     subprocess.Popen(
                         [*pin, py, *profile, "-m", "gasless.cli", "serve", "--port", str(port), *workers],
-                        env={**env, "GASLESS_HOST_ID": HOST_IDS[index]},
+                        env={
+                            **env,
+                            "GASLESS_HOST_ID": HOST_IDS[index],
+                            "GASLESS_METRICS_PORT": str(metrics_ports[index]),
+                        },
                         stdout=subprocess.DEVNULL,
                         stderr=api_stderr,
                     )
@@ -863,6 +918,7 @@ async def run(
             # Warm-up, then the maximum: closed loop at high concurrency.
             with console.status(f"max throughput: {len(first)} relays at concurrency {args.concurrency}"):
                 counted = await gateway_requests(session, gateway)
+                collected = await gc_totals(session, metrics_urls)
                 by_process = cpu_by_process(api_procs)
                 elapsed, results, cpu_used, instructions, storage_used = await measured_phase(
                     api_procs,
@@ -880,9 +936,11 @@ async def run(
                 requests_max = requests_per_relay(
                     counted, await gateway_requests(session, gateway), len(first)
                 )
+                gc_max = gc_per_relay(collected, await gc_totals(session, metrics_urls), len(first))
             top = summarize("max (closed loop)", elapsed, results)
             add_costs(top, cpu_used, instructions, storage_used)
             top["gateway_requests_per_relay"] = requests_max
+            top["gc"] = gc_max
             await asyncio.sleep(max(2.0, 4 * args.round_ms / 1000))  # let the first set settle
             with console.status("pre-signing the paced run"):
                 second = await prepare(session, apis, senders, args.per_sender, args.per_sender)
@@ -892,6 +950,7 @@ async def run(
             share = rate / top["relays_per_s"]
             with console.status(f"paced at {rate:.0f}/s ({share:.0%} of max)"):
                 counted = await gateway_requests(session, gateway)
+                collected = await gc_totals(session, metrics_urls)
                 paced_window = [time.time(), 0.0]
                 elapsed, results, cpu_used, instructions, storage_used = await measured_phase(
                     api_procs,
@@ -903,9 +962,11 @@ async def run(
                 requests_paced = requests_per_relay(
                     counted, await gateway_requests(session, gateway), len(second)
                 )
+                gc_paced = gc_per_relay(collected, await gc_totals(session, metrics_urls), len(second))
             paced = summarize(f"paced at {share:.0%} of max ({args.arrivals})", elapsed, results)
             add_costs(paced, cpu_used, instructions, storage_used)
             paced["gateway_requests_per_relay"] = requests_paced
+            paced["gc"] = gc_paced
             with console.status("reading the paced relays' roundsToInclusion back"):
                 paced["inclusion"] = await inclusion_rounds(
                     database_url or f"sqlite+aiosqlite:///{(data_dir / 'gasless.db').as_posix()}",
@@ -1019,6 +1080,8 @@ async def run(
     # Counted over each phase's window: the API's own requests (checks, sends, tracking, polls).
     print_requests("max", top["gateway_requests_per_relay"])
     print_requests("paced", paced["gateway_requests_per_relay"])
+    print_gc("max", top["gc"])
+    print_gc("paced", paced["gc"])
     result = {
         "idle_cpu_ms_per_s": idle_cpu_ms_per_s,
         "mode": mode,

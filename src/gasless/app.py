@@ -139,9 +139,7 @@ def create_app(
             loop_watch = LoopWatch(
                 settings.loop_stall_ms / 1000,
                 observe=state.metrics.loop_lag.observe,
-                observe_gc=lambda generation, took: state.metrics.gc_pause.labels(str(generation)).observe(
-                    took
-                ),
+                observe_gc=state.metrics.gc_paused,
             )
             loop_watch.start()
         try:

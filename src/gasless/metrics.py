@@ -129,6 +129,9 @@ class HostMetrics:
             return
         self.stages.labels(stage).observe(max(0, int(end_ms) - int(start_ms)) / 1000)
 
+    def gc_paused(self, generation: int, seconds: float) -> None:
+        self.gc_pause.labels(str(generation)).observe(seconds)
+
     def gateway_failed(self, url: str, kind: str) -> None:
         """GatewayClient.on_failure: an answer that was not the node speaking (timeout, connection,
         http_5xx, throttled, bad_answer). A node's verdict (`transaction not found`) is not an error."""
