@@ -15,7 +15,7 @@ files with their WAL; PostgreSQL: `pg_database_size`), and over the window the r
 client-observed p99 and the service-stamped `acceptToCosignMs` / `addedMs` p99. At the end every intent is
 read back from the database (how many reached FINALIZED), the figures are checked against the targets
 (after the first 5 minutes: memory +10% at most, descriptors and connections flat; the last 5 minutes'
-p99 within 1.5x of the first 5 minutes'), and a PNG plot of memory, p99 and relays/s is written. On a
+p99 within 1.5x of the first 5 minutes'), and a PNG plot of memory, p99, relays/s, descriptors and connections is written. On a
 PostgreSQL server with autovacuum off, the run does autovacuum's work itself (`autovacuum_stand_in`).
 
     .venv/bin/python bench/soak.py --minutes 60 --rate 100 --plot docs/images/soak-sqlite.png
@@ -273,7 +273,7 @@ def plot(samples: list[dict[str, Any]], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     minutes = [s["t_s"] / 60 for s in samples]
-    fig, axes = plt.subplots(3, 1, figsize=(9, 8), sharex=True)
+    fig, axes = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
     axes[0].plot(minutes, [s["rss_mib"] for s in samples], color="tab:blue")
     axes[0].set_ylabel("service RSS (MiB)")
     axes[0].set_ylim(bottom=0)
@@ -286,7 +286,15 @@ def plot(samples: list[dict[str, Any]], path: Path, title: str) -> None:
     axes[2].plot(minutes, [s["relays_per_s"] for s in samples], color="tab:purple")
     axes[2].set_ylabel("relays/s")
     axes[2].set_ylim(bottom=0)
-    axes[2].set_xlabel("minutes")
+    # Connections and descriptors: flat, or back to their level after each slow spell.
+    axes[3].plot(minutes, [s["fds"] for s in samples], label="open descriptors", color="tab:brown")
+    axes[3].plot(
+        minutes, [s["db_connections"] for s in samples], label="database connections", color="tab:cyan"
+    )
+    axes[3].set_ylabel("count (all hosts)")
+    axes[3].set_ylim(bottom=0)
+    axes[3].legend(loc="upper left", fontsize="small")
+    axes[3].set_xlabel("minutes")
     for axis in axes:
         axis.axvline(WARMUP_S / 60, color="grey", linestyle=":", linewidth=1)
         axis.grid(alpha=0.3)
