@@ -1115,7 +1115,7 @@ def print_loop_stalls(log_file: Path, start: float, end: float) -> list[dict[str
             at = datetime.datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00")).timestamp()
             if not start <= at <= end:
                 continue
-            stack = entry.get("stack") or []
+            stack = entry.get("frames") or []
             own = [frame for frame in stack if frame.startswith("gasless/")]
             where = (own or stack or ["(not sampled)"])[-1]
             if entry.get("gc_ms", 0) >= entry["blocked_ms"] / 2:  # the collector: in no stack

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from relay_kit import start_env  # type: ignore[import-not-found]
+from structlog.dev import ConsoleRenderer
 from structlog.testing import capture_logs
 
 from gasless.app import create_app
@@ -35,7 +36,9 @@ async def test_a_callback_holding_the_loop_is_logged_with_its_stack() -> None:
         if any("hold_the_loop" in frame for frame in stall.stack):
             held.set()
 
-    watch = LoopWatch(0.05, observe=lags.append, on_stall=on_stall)
+    watch = LoopWatch(
+        0.05, observe=lags.append, on_stall=on_stall, observe_gc=lambda _generation, _took: None
+    )
     watch.start()
     try:
         with capture_logs() as logs:
@@ -48,7 +51,7 @@ async def test_a_callback_holding_the_loop_is_logged_with_its_stack() -> None:
     assert stall.stack[-1].startswith("tests/test_loop_watch.py:")  # the innermost frame: the sleep's line
     assert stall.stack[-1].endswith(" hold_the_loop")
     assert max(lags) >= 0.2
-    line = next(entry for entry in logs if entry["stack"] and "hold_the_loop" in entry["stack"][-1])
+    line = next(entry for entry in logs if entry["frames"] and "hold_the_loop" in entry["frames"][-1])
     assert line["event"] == "event loop blocked"
     assert line["log_level"] == "warning"
     assert line["blocked_ms"] >= 200
@@ -73,7 +76,10 @@ async def test_a_stall_counts_the_garbage_collectors_time_apart() -> None:
         if stall.gc_generation == 2:
             seen.set()
 
-    watch = LoopWatch(0.05, on_stall=on_stall)
+    pauses: list[tuple[int, float]] = []
+    watch = LoopWatch(
+        0.05, on_stall=on_stall, observe_gc=lambda generation, took: pauses.append((generation, took))
+    )
     watch.start()
     try:
         loop = asyncio.get_running_loop()
@@ -87,12 +93,39 @@ async def test_a_stall_counts_the_garbage_collectors_time_apart() -> None:
     finally:
         watch.stop()
     stall = next(s for s in stalls if s.gc_generation == 2)
-    assert stall.gc_s >= stall.late_s / 2
+    assert stall.gc_s is not None and stall.gc_s >= stall.late_s / 2
+    assert any(generation == 2 for generation, _ in pauses)
+
+
+async def test_the_collector_is_timed_only_when_asked() -> None:
+    """Its callback runs Python inside any allocation (gasless.loop_watch): not registered unless wanted."""
+    watch = LoopWatch(0.05)
+    watch.start()
+    try:
+        assert watch._collecting not in gc.callbacks
+    finally:
+        watch.stop()
+
+
+def test_a_stall_renders_on_the_console() -> None:
+    """`gasless up` logs to a console: the stall's frames are a member the console renderer prints, not
+    structlog's `stack` (a traceback string there)."""
+    with capture_logs() as logs:
+        log_stall(
+            Stall(0.25, ("gasless/relay/core.py:10 relay", "tests/test_loop_watch.py:20 hold"), 0.01, 2)
+        )
+    (entry,) = logs
+    rendered = ConsoleRenderer(colors=False)(None, "warning", dict(entry))
+    assert "event loop blocked" in rendered and "gasless/relay/core.py:10 relay" in rendered
+    assert entry["frames"][-1] == "tests/test_loop_watch.py:20 hold" and entry["gc_ms"] == 10.0
 
 
 def test_the_host_observes_its_loop_lag_unless_turned_off(tmp_path: Path) -> None:
     gateway = [f"http://127.0.0.1:{free_port()}"]
-    watched = create_app(Settings(data_dir=tmp_path / "a", gateway_urls=gateway, loop_stall_ms=40))
+    # A dedicated process's host (never ready here: no gateway, so nothing is frozen) times the collector.
+    watched = create_app(
+        Settings(data_dir=tmp_path / "a", gateway_urls=gateway, loop_stall_ms=40), dedicated_process=True
+    )
     with TestClient(watched) as client:
         registry = watched.state.host.metrics.registry
         deadline = time.monotonic() + 30
@@ -121,7 +154,7 @@ def test_the_host_observes_its_loop_lag_unless_turned_off(tmp_path: Path) -> Non
 
 
 def test_a_host_that_only_serves_settles_its_heap_once_ready(tmp_path: Path, localnet: Any) -> None:
-    """`settle_heap_when_ready`: what the ready host holds leaves the cyclic collector's reach (a full
+    """`dedicated_process`: what the ready host holds leaves the cyclic collector's reach (a full
     collection walks only what came after); without it (a host sharing its process: tests) nothing is
     frozen."""
     gc.collect()
@@ -132,7 +165,7 @@ def test_a_host_that_only_serves_settles_its_heap_once_ready(tmp_path: Path, loc
         assert gc.get_freeze_count() == 0
         with pytest.raises(StopIteration):
             next(envs)
-        envs = start_env(tmp_path / "settled", localnet, app_kwargs={"settle_heap_when_ready": True})
+        envs = start_env(tmp_path / "settled", localnet, app_kwargs={"dedicated_process": True})
         env = next(envs)
         deadline = time.monotonic() + 30
         while gc.get_freeze_count() == 0:  # settled once its start-up has ended, just after /readyz said so

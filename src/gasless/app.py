@@ -98,15 +98,17 @@ def create_app(
     entitlement_factory: Callable[[ContractMirror], Entitlement] | None = None,
     route_limits: RouteLimitTable | None = None,
     ready_wait_s: float = 0.0,
-    settle_heap_when_ready: bool = False,
+    dedicated_process: bool = False,
 ) -> FastAPI:
     """The API host. `signer_wrapper` and `entitlement_factory` replace collaborators (fault tests, KMS);
     `route_limits` replaces the request-limit table of docs/api-conventions.md (tests, an operator's tighter
     limits).
     `ready_wait_s`: how long the start-up may hold off serving until the host is ready (a worker process
     restarted on its host's port, gasless.cli.api_workers); 0 serves at once, /readyz answering 503.
-    `settle_heap_when_ready`: once the host is ready, freeze what it holds out of the cyclic collector's
-    reach (gasless.loop_watch.settle_heap): for a process that serves and does nothing else."""
+    `dedicated_process`: the process serves and does nothing else (`gasless serve`, `gasless up`): once the
+    host is ready, what it holds is frozen out of the cyclic collector's reach (gasless.loop_watch
+    .settle_heap), and the loop's watch times each collection (`gasless_gc_pause_seconds`; why only such a
+    process: gasless.loop_watch)."""
     keys = purpose_keys(settings)
     state = HostState(
         settings=settings,
@@ -139,7 +141,7 @@ def create_app(
             loop_watch = LoopWatch(
                 settings.loop_stall_ms / 1000,
                 observe=state.metrics.loop_lag.observe,
-                observe_gc=state.metrics.gc_paused,
+                observe_gc=state.metrics.gc_paused if dedicated_process else None,
             )
             loop_watch.start()
         try:
@@ -173,7 +175,7 @@ def create_app(
             startup = asyncio.create_task(
                 start_relay_core(state, settings, signer_wrapper, entitlement_factory), name="startup"
             )
-            if settle_heap_when_ready:
+            if dedicated_process:
                 startup.add_done_callback(
                     lambda task: settle_heap() if not task.cancelled() and state.restored else None
                 )

@@ -71,7 +71,7 @@ class EmbeddedOptions:
     fresh: bool = False  # a new chain and a new SQLite database (see reset_database)
     status_port: int = 8090  # the status site (its own process, reading the feed files); 0: not started
     mail_port: int = 1025  # the local mail catcher (SMTP, mails kept under data_dir/mail); 0: not started
-    settle_heap: bool = False  # freeze each host's heap once ready (create_app): a process that only serves
+    dedicated_process: bool = False  # the process only serves these hosts (create_app): the CLI's
 
     @property
     def status_url(self) -> str | None:
@@ -378,9 +378,9 @@ class _Server(uvicorn.Server):
 
 
 def _servers(
-    settings: Settings, listeners: Listeners, log_level: str, ready_wait_s: float, settle_heap: bool
+    settings: Settings, listeners: Listeners, log_level: str, ready_wait_s: float, dedicated_process: bool
 ) -> tuple[HostState, list[tuple[uvicorn.Server, list[socket.socket]]]]:
-    app = create_app(settings, ready_wait_s=ready_wait_s, settle_heap_when_ready=settle_heap)
+    app = create_app(settings, ready_wait_s=ready_wait_s, dedicated_process=dedicated_process)
     api = _Server(
         api_server_config(
             app,
@@ -420,15 +420,16 @@ async def serve_hosts(
     log_level: str = "warning",
     on_listening: Callable[[], None] | None = None,
     ready_wait_s: float = 0.0,
-    settle_heap: bool = False,
+    dedicated_process: bool = False,
 ) -> None:
     """Serve each host's API and admin port on its listeners until cancelled (the CLI cancels on SIGINT or
     SIGTERM) or until one server ends; every server shuts down cleanly either way. `on_listening` runs
     once all serve. A host that refuses its chain (gasless.chain.identity) stops every server:
-    ServiceRefused. `ready_wait_s`, `settle_heap` (its `settle_heap_when_ready`): see
-    gasless.app.create_app; the CLI, whose process only serves, settles."""
+    ServiceRefused. `ready_wait_s`, `dedicated_process`: see gasless.app.create_app (the CLI's process only
+    serves)."""
     built = [
-        _servers(settings, listeners, log_level, ready_wait_s, settle_heap) for settings, listeners in hosts
+        _servers(settings, listeners, log_level, ready_wait_s, dedicated_process)
+        for settings, listeners in hosts
     ]
     states = [state for state, _ in built]
     servers = [server for _, host_servers in built for server in host_servers]
@@ -466,11 +467,14 @@ async def serve_api(
     *,
     log_level: str = "warning",
     ready_wait_s: float = 0.0,
-    settle_heap: bool = False,
+    dedicated_process: bool = False,
 ) -> None:
     try:
         await serve_hosts(
-            [(settings, listeners)], log_level=log_level, ready_wait_s=ready_wait_s, settle_heap=settle_heap
+            [(settings, listeners)],
+            log_level=log_level,
+            ready_wait_s=ready_wait_s,
+            dedicated_process=dedicated_process,
         )
     finally:
         listeners.close()
@@ -546,7 +550,7 @@ async def run_embedded(
             try:
                 await serve_hosts(
                     list(zip(hosts, listeners, strict=True)),
-                    settle_heap=options.settle_heap,
+                    dedicated_process=options.dedicated_process,
                     on_listening=(lambda: on_ready(hosts, localnet)) if on_ready is not None else None,
                 )
             finally:

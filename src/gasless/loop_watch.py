@@ -7,9 +7,15 @@ thread looks at the loop thread's stack once the heartbeat is later than the thr
 loop was while it kept the heartbeat waiting. The cyclic garbage collector stops every thread and shows
 in no stack, so the time it ran between two beats is counted apart. Every beat's delay goes to the
 histogram `gasless_event_loop_lag_seconds`; a delay past the threshold is logged once as `event loop
-blocked`, with how long, that stack (code locations only: no values, so nothing secret) and the
-collector's share. Each collection's own time goes to `observe_gc(generation, seconds)` (the histogram
+blocked`, with how long, that stack as `frames` (code locations only: no values, so nothing secret) and
+the collector's share. Each collection's own time goes to `observe_gc(generation, seconds)` (the histogram
 `gasless_gc_pause_seconds`), handed over at the next beat.
+
+The collector is timed only when `observe_gc` is given: its callback is Python code run inside whatever
+allocation triggered a collection, and on Python 3.11 a thread switch there can corrupt another thread's
+`ast.parse` (the AST builder's recursion counter is shared: "AST constructor recursion depth mismatch").
+A process that only serves parses nothing at run time; a test process (pytest rewriting asserts at import
+beside a host's thread) does, so only serving processes ask for it (`create_app(dedicated_process=True)`).
 """
 
 from __future__ import annotations
@@ -34,19 +40,20 @@ STACK_FRAMES = 16  # the innermost frames kept: enough to name the caller of wha
 class Stall:
     """One heartbeat the loop ran later than the threshold: by how much, the loop thread's stack the
     watchdog found (innermost last; empty when it could not look in time, e.g. C code held the GIL), and
-    the garbage collector's time since the beat before (any thread's collections: each stops them all)
-    with the oldest generation it collected (-1: none)."""
+    the garbage collector's time since the beat before (any thread's collections: each stops them all;
+    None when the collector is not timed) with the oldest generation it collected (-1: none)."""
 
     late_s: float
     stack: tuple[str, ...]
-    gc_s: float = 0.0
+    gc_s: float | None = 0.0
     gc_generation: int = -1
 
 
 class LoopWatch:
     """The heartbeat and the watchdog of one event loop. `observe(late_s)` is called with every beat's
-    delay; `on_stall` with each beat later than `threshold_s`. The beat is due every `threshold_s / 4`
-    (at most every 25 ms) so a stall is seen within a quarter of its threshold."""
+    delay; `on_stall` with each beat later than `threshold_s`; `observe_gc(generation, seconds)`, when
+    given, with every collection's time. The beat is due every `threshold_s / 4` (at most every 25 ms) so a
+    stall is seen within a quarter of its threshold."""
 
     def __init__(
         self,
@@ -54,7 +61,7 @@ class LoopWatch:
         *,
         observe: Callable[[float], None] = lambda _late_s: None,
         on_stall: Callable[[Stall], None] | None = None,
-        observe_gc: Callable[[int, float], None] = lambda _generation, _seconds: None,
+        observe_gc: Callable[[int, float], None] | None = None,
     ) -> None:
         if threshold_s <= 0:
             raise ValueError("threshold_s must be positive")
@@ -84,7 +91,8 @@ class LoopWatch:
         self._schedule(time.monotonic())
         self._thread = threading.Thread(target=self._watch, name="loop-watch", daemon=True)
         self._thread.start()
-        gc.callbacks.append(self._collecting)
+        if self._observe_gc is not None:
+            gc.callbacks.append(self._collecting)
 
     def stop(self) -> None:
         if self._collecting in gc.callbacks:
@@ -117,13 +125,17 @@ class LoopWatch:
         gc_s, gc_generation = self._gc_s, self._gc_generation
         self._gc_s, self._gc_generation = 0.0, -1
         pauses, self._gc_pauses = self._gc_pauses, []
-        for generation, took in pauses:
-            self._observe_gc(generation, took)
-        self._observe(late)
-        if late > self.threshold_s:
-            stack = sampled[1] if sampled is not None and sampled[0] == self._due else ()
-            self._on_stall(Stall(late, stack, gc_s, gc_generation))
-        self._schedule(now)
+        try:
+            if self._observe_gc is not None:
+                for generation, took in pauses:
+                    self._observe_gc(generation, took)
+            self._observe(late)
+            if late > self.threshold_s:
+                stack = sampled[1] if sampled is not None and sampled[0] == self._due else ()
+                gc_timed = self._observe_gc is not None
+                self._on_stall(Stall(late, stack, gc_s if gc_timed else None, gc_generation))
+        finally:
+            self._schedule(now)  # whatever a callback raised, the watch goes on
 
     def _watch(self) -> None:
         frames = sys._current_frames  # the documented way to read another thread's stack
@@ -145,7 +157,7 @@ def settle_heap() -> None:
     """Put what the process holds now out of the cyclic collector's reach (`gc.freeze`). For a service
     process only (a frozen object is never collected), at two moments: before it starts serving (the
     imported modules' objects, about 250 000: functions, classes, tables, schemas) and once its host is
-    ready (`create_app(settle_heap_when_ready=True)`: the app, its routes and schemas, the engine, the
+    ready (`create_app(dedicated_process=True)`: the app, its routes and schemas, the engine, the
     signer, the relay core's state, about 30 000 more). Both live as long as the process. A full
     collection walks every object not frozen and stops every thread meanwhile: before the first, about
     200 ms a few times a minute under load; after both, 5-8 ms (docs/performance.md, target 2)."""
@@ -167,7 +179,8 @@ def log_stall(stall: Stall) -> None:
     log.warning(
         "event loop blocked",
         blocked_ms=round(stall.late_s * 1000, 1),
-        stack=list(stall.stack) or None,
-        gc_ms=round(stall.gc_s * 1000, 1),
+        # Not `stack`: structlog's console renderer takes that key for a traceback string.
+        frames=list(stall.stack) or None,
+        gc_ms=round(stall.gc_s * 1000, 1) if stall.gc_s is not None else None,
         gc_generation=stall.gc_generation if stall.gc_generation >= 0 else None,
     )

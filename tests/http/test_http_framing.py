@@ -116,6 +116,21 @@ def test_head_answers_the_get_headers_without_a_body_and_keeps_the_connection(po
     assert json.loads(body)["status"] == "ok"
 
 
+def test_a_client_coming_back_after_a_retry_hint_finds_its_connection_open(port: int) -> None:
+    """An assignment refused while the signer or the clock is not ready says `retryAfterMs: 5000`; a client
+    that waits that long on its kept connection must not meet the server closing it (uvicorn's own
+    keep-alive is 5 s: the two raced, and the client's next request was reset)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        assert _read_answer(conn)[0] == "HTTP/1.1 200 OK"
+        conn.settimeout(5.5)  # the hint, and a margin past uvicorn's 5 s
+        with pytest.raises(TimeoutError):
+            conn.recv(1)  # an end of stream here is the server closing the idle connection
+        conn.settimeout(10)
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")  # the same connection
+        assert _read_answer(conn)[0] == "HTTP/1.1 200 OK"
+
+
 def test_a_header_the_http_parser_refuses_is_a_problem_document(port: int) -> None:
     """A control character (DEL) in `Idempotency-Key`: the HTTP parser refuses the request before the app
     sees it; the answer is still the catalogue's MALFORMED_REQUEST, not a text/plain 400."""

@@ -233,7 +233,7 @@ def up(
         fresh=fresh,
         status_port=status_port,
         mail_port=mail_port,
-        settle_heap=True,  # this process only serves
+        dedicated_process=True,  # this process only serves
     )
     try:
         check_embedded(options)
@@ -480,7 +480,7 @@ def serve(
             listeners,
             log_level=settings.log_level.lower(),
             ready_wait_s=ready_wait_s,
-            settle_heap=True,  # this process only serves
+            dedicated_process=True,  # this process only serves
         )
 
     try:

@@ -6,6 +6,10 @@ servers do that it does not.
   do: a client trickling one header line every few seconds no longer holds a connection for ever.
 - A request the HTTP parser refuses (a control character in a header value, a malformed request line) is
   answered as every other error is, a `400 MALFORMED_REQUEST` problem document, not uvicorn's text/plain.
+
+And an idle kept-alive connection stays open `KEEP_ALIVE_S`, not uvicorn's 5 s: the service tells clients to
+come back after 5 s (`retryAfterMs` of an assignment while the signer or the clock is not ready), and a
+client that does so on its kept connection met the server closing it at that very moment (a reset).
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from gasless.errors import PROBLEM_MEDIA_TYPE, ApiError, problem_document
 from gasless.http.problems import REQUEST_ID_HEADER, new_request_id
 
 HEADER_TIMEOUT_S = 10.0
+# Longer than the retry hints a client follows on the same connection (at most 60 s), as nginx's default.
+KEEP_ALIVE_S = 75
 
 
 def http_protocol(docs_url: str, header_timeout_s: float = HEADER_TIMEOUT_S) -> type[HttpToolsProtocol]:
@@ -94,4 +100,6 @@ def api_server_config(
     app: Any, *, docs_url: str, header_timeout_s: float = HEADER_TIMEOUT_S, **options: Any
 ) -> uvicorn.Config:
     """uvicorn's configuration for the API (the tests serve it the same way)."""
-    return uvicorn.Config(app, http=http_protocol(docs_url, header_timeout_s), **options)
+    return uvicorn.Config(
+        app, http=http_protocol(docs_url, header_timeout_s), **{"timeout_keep_alive": KEEP_ALIVE_S, **options}
+    )
