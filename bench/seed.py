@@ -26,7 +26,9 @@ whole invocation, and each size gets a fresh database, migrated, seeded, then se
   plain `EXPLAIN` for writes) and any full scan of a large table is named.
 
 Every figure of a seeded size is printed with its ratio to the empty database's (target: at most 1.2x at
-10 M). Sizes and storages run one after the other on the same machine, so read the ratios of one run.
+10 M). `--repeat N` measures each size N times on its database, the service restarted each time: each
+figure is then the median, printed with every repeat's own, so a ratio can be read against the spread of
+the repeats of one size. Sizes and storages run one after the other on the same machine, so read the ratios of one run.
 
     .venv/bin/python bench/seed.py --storage sqlite --sizes 0,1000000,10000000
     .venv/bin/python bench/seed.py --storage postgresql --database-url postgresql+asyncpg://<user>@<host>/<db>
@@ -37,11 +39,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import copy
 import json
 import os
 import shutil
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -812,9 +816,18 @@ async def run_storage(args: argparse.Namespace, storage: str, work: Path) -> dic
                 console.print(
                     f"the status availability's stored counts written in {seeding['availability_counted_s']:.1f} s"
                 )
-                figures = await measure_size(
-                    args, session, service, gateway, info, heavy, database_url, sqlite_path
-                )
+                # Each repeat restarts the service on the same database: the spread between repeats of
+                # one size is the noise a ratio between sizes has to stand out from.
+                repeats = []
+                for repeat in range(args.repeat):
+                    if args.repeat > 1:
+                        console.print(f"measuring {count:,} intents, {repeat + 1} of {args.repeat}")
+                    repeats.append(
+                        await measure_size(
+                            args, session, service, gateway, info, heavy, database_url, sqlite_path
+                        )
+                    )
+                figures = median_figures(repeats)
                 figures["intents"] = count
                 figures["seeding"] = seeding
                 if size == max(sizes) and not args.no_plans:
@@ -861,6 +874,8 @@ FIGURES = (
     ("migration_up_s", "migration 0017 applied (s)"),
     ("database_mib", "database (MiB)"),
 )
+# The figures each repeat measures again (the migration and the size are the size's, measured once).
+MEASURED = tuple(path for path, _ in FIGURES if path not in ("migration_up_s", "database_mib"))
 
 
 def _get(figures: dict[str, Any], path: str) -> float:
@@ -868,6 +883,24 @@ def _get(figures: dict[str, Any], path: str) -> float:
     for part in path.split("."):
         value = value[part]
     return float(value)
+
+
+def _set(figures: dict[str, Any], path: str, value: float) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        figures = figures[part]
+    figures[last] = value
+
+
+def median_figures(repeats: list[dict[str, Any]]) -> dict[str, Any]:
+    """One size's figures: the first repeat's, each measured figure replaced by the median of the repeats;
+    every repeat's own figures kept under `repeats`."""
+    figures = copy.deepcopy(repeats[0])
+    for path in MEASURED:
+        _set(figures, path, statistics.median(_get(r, path) for r in repeats))
+    if len(repeats) > 1:
+        figures["repeats"] = repeats
+    return figures
 
 
 def report(storage: str, by_size: dict[int, dict[str, Any]], plans: list[dict[str, Any]]) -> None:
@@ -882,7 +915,11 @@ def report(storage: str, by_size: dict[int, dict[str, Any]], plans: list[dict[st
         for count in counts:
             value = _get(by_size[count], path)
             ratio = value / _get(by_size[base], path) if _get(by_size[base], path) else float("nan")
-            cells.append(f"{value:.2f}" + ("" if count == base else f" ({ratio:.2f}x)"))
+            cell = f"{value:.2f}" + ("" if count == base else f" ({ratio:.2f}x)")
+            repeats = by_size[count].get("repeats", [])
+            if repeats and path in MEASURED:  # the median, then every repeat's own figure
+                cell += " [" + " ".join(f"{_get(r, path):.2f}" for r in repeats) + "]"
+            cells.append(cell)
         table.add_row(label, *cells)
     console.print(table)
     for count in counts:
@@ -937,6 +974,13 @@ def main() -> int:
         "by where the loop was, from each size's service.log",
     )
     parser.add_argument("--reads", type=int, default=200, help="requests per read figure")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure each size this many times, restarting the service on the same database: each figure "
+        "is the median, printed with every repeat's own",
+    )
     parser.add_argument("--no-plans", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the SQLite databases (in --work-dir)")
     parser.add_argument(
