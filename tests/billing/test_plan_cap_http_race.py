@@ -8,19 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import socket
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-import uvicorn
 from billing_paths_kit import addr, user_call
-from relay_kit import RelayEnv, key_in_shard, relay_settings, unthrottled_limits
+from relay_kit import RelayEnv, ServedApi, key_in_shard, relay_settings, unthrottled_limits
 from relay_kit import Sender as RelaySender
 from sqlalchemy import select
 
@@ -47,41 +44,11 @@ class _Client(requests.Session):
         return super().request(method, f"{self.base_url}{url!s}", *args, **kwargs)
 
 
-class _Server:
-    def __init__(self, app: Any) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
-        )
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as answer:
-                    if answer.status == 200:
-                        return
-            except Exception:  # noqa: BLE001 - not up yet
-                pass
-            time.sleep(0.05)
-        raise AssertionError("API not ready")
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(20)
-        self.sock.close()
-
-
 @pytest.fixture
 def served_env(tmp_path: Path, unpaused_localnet: Any, database_url: str) -> Any:
     settings = relay_settings(tmp_path, unpaused_localnet, database_url=database_url)
     limits = dataclasses.replace(unthrottled_limits(), assign_ip=Rate(1_000_000, 1_000_000))
-    server = _Server(create_app(settings, route_limits=limits))
-    server.start()
+    server = ServedApi(create_app(settings, route_limits=limits)).start()
     client = _Client(server.url)
     try:
         yield RelayEnv(client, unpaused_localnet, settings, unpaused_localnet.net.info["contract"])  # type: ignore[arg-type]

@@ -31,7 +31,12 @@ import pytest
 import redis
 import requests
 from redis.asyncio import Redis
-from relay_kit import load_conftest, relay_settings, unthrottled_limits  # type: ignore[import-not-found]
+from relay_kit import (  # type: ignore[import-not-found]
+    ServedApi,
+    load_conftest,
+    relay_settings,
+    unthrottled_limits,
+)
 
 from gasless.app import create_app
 from gasless.billing.gate import FreeFlowLimits
@@ -246,8 +251,8 @@ def mcp_host(request: pytest.FixtureRequest, unpaused_localnet: Any, tmp_path: P
         }
     settings = relay_settings(tmp_path, unpaused_localnet, **overrides)
     try:
-        with load_conftest("mcp").Served(create_app(settings, route_limits=unthrottled_limits())) as served:
-            streams = served.server.config.app.state.host.limits.streams
+        with ServedApi(create_app(settings, route_limits=unthrottled_limits())) as served:
+            streams = served.app.state.host.limits.streams
             assert isinstance(
                 streams, RedisConcurrencyLimiter if settings.redis_url else LocalConcurrencyLimiter
             )

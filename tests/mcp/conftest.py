@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import sys
-import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
-import uvicorn
 from mcp import StdioServerParameters
-from relay_kit import load_conftest, unthrottled_limits  # type: ignore[import-not-found]
+from relay_kit import (  # type: ignore[import-not-found]
+    ServedApi,
+    load_conftest,
+    reserved_port,
+    unthrottled_limits,
+)
 
 from gasless.app import create_app
 
@@ -26,53 +26,20 @@ unpaused_localnet = relay_env.unpaused_localnet
 problem = relay_env.problem
 
 
-def reserved_port() -> socket.socket:
-    """A free port, bound and not listening: until a server listens on it, a connection is refused."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    return sock
-
-
-class Served:
-    """An API host served by uvicorn from a thread, on a free port (or on `sock`), until the test ends."""
-
-    def __init__(self, app: Any, sock: socket.socket | None = None) -> None:
-        self.sock = sock or reserved_port()
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> Served:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return self
-            time.sleep(0.05)
-        self.__exit__()
-        raise AssertionError("API not ready")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(20)
-        self.sock.close()
-
-
 @pytest.fixture
-def api(unpaused_localnet: Any, tmp_path: Path) -> Iterator[tuple[Served, Any]]:
+def api(unpaused_localnet: Any, tmp_path: Path) -> Iterator[tuple[ServedApi, Any]]:
     """The served API and the relay suite's chain helpers (owner calls, senders, signing)."""
     kit = sys.modules["gasless_tests_relay_conftest"]
     settings = kit.relay_settings(tmp_path, unpaused_localnet)
     contract = unpaused_localnet.net.info["contract"]
-    with Served(create_app(settings, route_limits=unthrottled_limits())) as served:
+    with ServedApi(create_app(settings, route_limits=unthrottled_limits())) as served:
         yield served, kit.RelayEnv(None, unpaused_localnet, settings, contract)
 
 
 @pytest.fixture
 def late_api(
     unpaused_localnet: Any, tmp_path: Path
-) -> Iterator[tuple[str, Callable[[], Served], StdioServerParameters]]:
+) -> Iterator[tuple[str, Callable[[], ServedApi], StdioServerParameters]]:
     """The URL of an API not started yet (its port reserved: a connection is refused), the function that
     starts it there, and `gasless mcp --api URL`."""
     kit = sys.modules["gasless_tests_relay_conftest"]
@@ -81,8 +48,10 @@ def late_api(
     with contextlib.ExitStack() as stack:
         stack.callback(sock.close)
 
-        def serve() -> Served:
-            return stack.enter_context(Served(create_app(settings, route_limits=unthrottled_limits()), sock))
+        def serve() -> ServedApi:
+            return stack.enter_context(
+                ServedApi(create_app(settings, route_limits=unthrottled_limits()), sock)
+            )
 
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         yield url, serve, stdio_server(url)
@@ -98,7 +67,7 @@ def stdio_server(api_url: str) -> StdioServerParameters:
 
 
 @pytest.fixture(params=["http", "stdio"])
-def transport(request: pytest.FixtureRequest, api: tuple[Served, Any]) -> Any:
+def transport(request: pytest.FixtureRequest, api: tuple[ServedApi, Any]) -> Any:
     """What the SDK's `Client` connects to: the host's `/mcp`, or a `gasless mcp` subprocess."""
     served, _ = api
     if request.param == "http":

@@ -7,16 +7,19 @@ import asyncio
 import importlib.util
 import json
 import secrets
+import socket
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
+import uvicorn
 from fastapi.testclient import TestClient
 from multiversx_sdk import Address, Transaction, TransactionComputer, UserSecretKey
 
@@ -30,6 +33,55 @@ from gasless.relay.checks import presence_message
 from gasless.settings import Settings
 
 MASTER_SECRET = "relay-tests-master-secret-0123456789abcdef"
+
+
+def reserved_port() -> socket.socket:
+    """A free loopback port, bound and not listening: until a server listens on it, a connection is refused."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+class ServedApi:
+    """An ASGI app (usually `create_app(settings)`) served by uvicorn from a background thread on a free loopback
+    port, or on `sock` (bound, not listening), with its lifespan: `start()` returns once `/readyz` answers 200.
+    A context manager too."""
+
+    def __init__(self, app: Any, sock: socket.socket | None = None) -> None:
+        self.app = app
+        self.sock = sock or reserved_port()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, name="api", daemon=True
+        )
+
+    def start(self, timeout: float = 30.0) -> Self:
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        last = ""
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            except Exception as exc:  # noqa: BLE001 - not up yet (a 503 raises HTTPError too)
+                last = repr(exc)
+            time.sleep(0.05)
+        self.stop()
+        raise AssertionError(f"API not ready at {self.url}: {last}")
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(20)
+        self.sock.close()
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def unthrottled_limits() -> RouteLimitTable:

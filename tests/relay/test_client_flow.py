@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -15,9 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from aiohttp import web
 from multiversx_sdk import Transaction
+from relay_kit import ServedApi
 
 from gasless.app import create_app, purpose_keys
 from gasless.chain.addresses import address_of
@@ -42,44 +40,6 @@ TIMESTAMPS = ("receivedAtMs", "cosignedAtMs", "broadcastAtMs", "executedBlockTsM
 
 
 # The API on a real socket -------------------------------------------------------------------------------
-class ApiServer:
-    """`create_app(settings)` served by uvicorn from a background thread on a free loopback port."""
-
-    def __init__(self, settings: Settings, **app_kwargs: Any) -> None:
-        self.settings = settings
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(
-            create_app(settings, **app_kwargs), log_level="warning", access_log=False, lifespan="on"
-        )
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, name="api", daemon=True
-        )
-
-    def start(self, timeout: float = 30.0) -> ApiServer:
-        self.thread.start()
-        deadline = time.monotonic() + timeout
-        last = ""
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as response:
-                    if response.status == 200:
-                        return self
-            except Exception as exc:  # noqa: BLE001 - not up yet (503 raises HTTPError too)
-                last = repr(exc)
-            time.sleep(0.05)
-        self.stop()
-        raise AssertionError(f"API not ready at {self.url}: {last}")
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(20)
-        self.sock.close()
-
-
 @dataclass
 class Served:
     """One served API host and the localnet behind it."""
@@ -87,7 +47,7 @@ class Served:
     url: str
     settings: Settings
     localnet: Any
-    server: ApiServer
+    server: ServedApi
 
     @property
     def gateway(self) -> str:
@@ -133,7 +93,7 @@ def key_in_shard(shard: int) -> UserKey:
 def start_served(relay_conftest: dict[str, Any], tmp_path: Path, localnet: Any, **app_kwargs: Any) -> Served:
     """Settings exactly as tests/relay/conftest.py makes them, the app served on a socket."""
     settings = relay_conftest["relay_settings"](tmp_path, localnet)
-    server = ApiServer(settings, **app_kwargs).start()
+    server = ServedApi(create_app(settings, **app_kwargs)).start()
     return Served(server.url, settings, localnet, server)
 
 

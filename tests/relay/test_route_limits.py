@@ -5,9 +5,6 @@ Tight tables refill one token per 1 000 s, so which request is refused never dep
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -16,14 +13,13 @@ from typing import Any
 
 import pytest
 import requests
-import uvicorn
 from fastapi.testclient import TestClient
 from redis import Redis
+from relay_kit import ServedApi
 
 from gasless.app import create_app
 from gasless.client.native_auth import make_native_auth_token
 from gasless.limits.buckets import LocalRateLimiter, Rate, RouteLimiter, RouteLimitTable
-from gasless.settings import Settings
 
 SLOW = 0.001  # tokens per second: nothing refills during a test
 
@@ -235,45 +231,19 @@ def test_two_hosts_on_one_redis_share_one_bucket(
 
 
 # The per-intent stream's concurrency (a real server: streams must stay open side by side) ----------------
-class Served:
-    def __init__(self, settings: Settings, **app_kwargs: Any) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(create_app(settings, **app_kwargs), log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> Served:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(requests.RequestException):
-                if requests.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return self
-            time.sleep(0.05)
-        self.__exit__()
-        raise AssertionError("API not ready")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(20)
-        self.sock.close()
-
-
 @pytest.fixture
-def served(make_env: Any, unpaused_localnet: Any, tmp_path: Path) -> Iterator[tuple[Served, Any]]:
+def served(make_env: Any, unpaused_localnet: Any, tmp_path: Path) -> Iterator[tuple[ServedApi, Any]]:
     # tests/relay/conftest.py's namespace, reached through one of its fixtures (several modules are named
     # `conftest`, so importing it by name is not reliable).
     relay_conftest = make_env.__globals__
     settings = relay_conftest["relay_settings"](tmp_path, unpaused_localnet)
     contract = unpaused_localnet.net.info["contract"]
-    with Served(settings, route_limits=TIGHT) as server:
+    with ServedApi(create_app(settings, route_limits=TIGHT)) as server:
         # RelayEnv's chain helpers (owner calls, signing) need no client; HTTP goes to the real server.
         yield server, relay_conftest["RelayEnv"](None, unpaused_localnet, settings, contract)
 
 
-def test_relay_events_streams_are_limited_per_ip(served: tuple[Served, Any], problem: Any) -> None:
+def test_relay_events_streams_are_limited_per_ip(served: tuple[ServedApi, Any], problem: Any) -> None:
     server, env = served
     sender = env.new_sender(1)
     env.faults(chain={"stalledShards": [1]})  # the intent stays in flight, so its stream stays open

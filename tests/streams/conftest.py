@@ -3,9 +3,6 @@ kit (real native-auth tokens, accounts, keys), a real uvicorn server for open st
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,8 +10,7 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
-import uvicorn
-from relay_kit import load_conftest
+from relay_kit import ServedApi, load_conftest
 
 from gasless.app import create_app
 
@@ -49,35 +45,16 @@ def ticket_invalid() -> Callable[[Any, str], dict[str, Any]]:
     return check_ticket_invalid
 
 
-class Served:
-    """`create_app(settings)` served by uvicorn from a thread on a free loopback port."""
+class Served(ServedApi):
+    """`create_app(settings)` served by uvicorn from a thread on a free loopback port, with an HTTP client."""
 
     def __init__(self, settings: Any, **app_kwargs: Any) -> None:
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.app = create_app(settings, **app_kwargs)
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        super().__init__(create_app(settings, **app_kwargs))
         self.client = httpx.Client(base_url=self.url, timeout=10)
 
-    def __enter__(self) -> Served:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if self.client.get("/readyz").status_code == 200:
-                    return self
-            time.sleep(0.05)
-        self.__exit__()
-        raise AssertionError("API not ready")
-
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
         self.client.close()
-        self.server.should_exit = True
-        self.thread.join(20)
-        self.sock.close()
+        super().stop()
 
     @property
     def host(self) -> Any:
@@ -165,7 +142,7 @@ def served(unpaused_localnet: Any, tmp_path: Path) -> Iterator[Callable[..., tup
         overrides.setdefault("database_url", f"sqlite+aiosqlite:///{(tmp_path / f'{name}.db').as_posix()}")
         settings = relay_env.relay_settings(tmp_path, unpaused_localnet, **overrides)
         limits = overrides_limits or relay_env.unthrottled_limits()
-        server = Served(settings, route_limits=limits).__enter__()
+        server = Served(settings, route_limits=limits).start()
         opened.append(server)
         contract = unpaused_localnet.net.info["contract"]
         env = relay_env.RelayEnv(server.client, unpaused_localnet, settings, contract)
@@ -173,4 +150,4 @@ def served(unpaused_localnet: Any, tmp_path: Path) -> Iterator[Callable[..., tup
 
     yield start
     for server in opened:
-        server.__exit__()
+        server.stop()

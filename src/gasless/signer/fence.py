@@ -3,8 +3,9 @@
 Two processes configured with the same signer identity (a host restarted while the old one hangs, a copied
 config) must never both sign. Each process claims the identity's row with a fresh holder id; it renews the
 claim every third of its TTL and refuses to sign once it cannot prove the claim is still its own (another
-holder took it, or the database has been unreachable for longer than the claim lasts). A restarted process
-takes the identity over only after the previous claim expired.
+holder took it, or the database has been unreachable for longer than the claim lasts). A process that stops
+cleanly stops signing, then gives its claim back, so its successor (a restart, a deploy) takes the identity
+at once; one that died takes its claim with it, and its successor takes over just after the claim expired.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ log = structlog.get_logger("gasless.signer")
 
 # Stop signing this long before the claim's end: a signature must never outlive the proof behind it.
 SAFETY_MARGIN_MS = 500
+# A process waiting for another holder's claim tries again this long after the claim's end.
+RETAKE_AFTER_MS = 20
 
 
 class FencedSigner:
@@ -49,6 +52,7 @@ class FencedSigner:
         self._clock = clock
         self._valid_until_ms = 0
         self._lost = False
+        self._held_by_other_until_ms = 0  # another holder's claim, while this one has none yet
         self._task: asyncio.Task[None] | None = None
 
     def _now_ms(self) -> int:
@@ -61,6 +65,7 @@ class FencedSigner:
     async def stop(self) -> None:
         if self._task is not None:
             await cancel_and_wait(self._task)
+        await self._release()
         close = getattr(self.inner, "aclose", None)  # a signer holding resources (a PKCS#11 token's)
         if close is not None:
             await close()
@@ -107,18 +112,44 @@ class FencedSigner:
                     if self.token is not None:
                         self._lost = True
                         log.error("signer fenced: another holder took the identity", signer_id=self.signer_id)
+                    self._held_by_other_until_ms = row.expires_at_ms
                     return False
         except Exception as exc:  # database unreachable: keep the old proof until it runs out
             log.warning("signer fence renewal failed", signer_id=self.signer_id, error=type(exc).__name__)
+            self._held_by_other_until_ms = 0
             return False
         self.token = token
         self._valid_until_ms = now + self.ttl_ms - SAFETY_MARGIN_MS
+        self._held_by_other_until_ms = 0
         return True
 
     async def _keep(self) -> None:
         while not self._lost:
-            await asyncio.sleep(self.ttl_ms / 3 / 1000)
+            delay_ms = self.ttl_ms / 3
+            if self.token is None and self._held_by_other_until_ms:
+                # Not claimed yet: try again just after the other holder's claim ends, not a renewal later.
+                delay_ms = min(
+                    delay_ms, max(0, self._held_by_other_until_ms - self._now_ms()) + RETAKE_AFTER_MS
+                )
+            await asyncio.sleep(delay_ms / 1000)
             await self._claim()
+
+    async def _release(self) -> None:
+        """Give the claim back: signing stops first, then the claim (still this holder's, or nobody's to
+        release) is marked expired, so the identity's next holder need not wait out the TTL."""
+        held = self.token is not None and not self._lost
+        self._lost = True  # from here `sign` and `check` refuse
+        if not held:
+            return
+        try:
+            async with begin_write(self.engine) as conn:
+                await conn.execute(
+                    update(signer_fences)
+                    .where(signer_fences.c.signer_id == self.signer_id, signer_fences.c.holder == self.holder)
+                    .values(expires_at_ms=0, updated_at_ms=self._now_ms())
+                )
+        except Exception as exc:  # the claim then lapses on its own, within the TTL
+            log.warning("signer fence release failed", signer_id=self.signer_id, error=type(exc).__name__)
 
     @property
     def holds(self) -> bool:
