@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -16,8 +15,11 @@ import pytest
 import requests
 import test_two_hosts  # type: ignore[import-not-found]
 from kit_client import ALICE_ADDRESS, KitClient  # type: ignore[import-not-found]
-from test_client_flow import ApiServer, Served, start_served  # type: ignore[import-not-found]
+from relay_kit import ServedApi  # type: ignore[import-not-found]
+from test_client_flow import Served, start_served  # type: ignore[import-not-found]
 from test_two_hosts import Cluster, new_sender  # type: ignore[import-not-found]
+
+from gasless.app import create_app
 
 cluster = test_two_hosts.cluster  # this module's own two hosts (module scope)
 
@@ -55,16 +57,10 @@ async def test_the_kits_cache_survives_a_restart_of_the_service(
 
 def serve_again(previous: Served) -> Served:
     """The same settings served again on the URL `previous` had (the kit's cache is keyed by it)."""
-    server = ApiServer(previous.settings)
-    server.sock.close()
-    server.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    server.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.sock.bind(("127.0.0.1", int(previous.url.rsplit(":", 1)[1])))
-    server.url = previous.url
-    server.thread = threading.Thread(
-        target=server.server.run, kwargs={"sockets": [server.sock]}, name="api", daemon=True
-    )
-    server.start()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", int(previous.url.rsplit(":", 1)[1])))
+    server = ServedApi(create_app(previous.settings), sock).start()
     return Served(previous.url, previous.settings, previous.localnet, server)
 
 

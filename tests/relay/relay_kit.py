@@ -36,8 +36,10 @@ MASTER_SECRET = "relay-tests-master-secret-0123456789abcdef"
 
 
 def reserved_port() -> socket.socket:
-    """A free loopback port, bound and not listening: until a server listens on it, a connection is refused."""
+    """A free loopback port, bound and not listening: until a server listens on it, a connection is refused.
+    Reusable at once once closed (SO_REUSEADDR): a host restarted on its predecessor's URL binds it again."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     return sock
 

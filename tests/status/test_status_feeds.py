@@ -24,7 +24,9 @@ import feedparser
 import pytest
 import requests
 from process_kit import answers, free_port, run, spawn  # type: ignore[import-not-found]
-from test_client_flow import ApiServer  # type: ignore[import-not-found]
+from relay_kit import ServedApi  # type: ignore[import-not-found]
+
+from gasless.app import create_app
 
 ATOM = "{http://www.w3.org/2005/Atom}"
 
@@ -110,7 +112,7 @@ def published(make_env: Any, tmp_path: Path, unpaused_localnet: Any) -> Iterator
     settings = make_env.__globals__["relay_settings"](
         tmp_path, unpaused_localnet, status_feed_dir=feed, status_feed_ms=200
     )
-    api = ApiServer(settings).start()
+    api = ServedApi(create_app(settings)).start()
     try:
         _wait(lambda: (feed / "incidents.json").exists(), "the first publication")
         yield settings, feed

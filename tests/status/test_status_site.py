@@ -16,8 +16,10 @@ from typing import Any
 import pytest
 import requests
 from process_kit import answers, free_port, run, spawn  # type: ignore[import-not-found]
-from test_client_flow import ApiServer, Served, key_in_shard  # type: ignore[import-not-found]
+from relay_kit import ServedApi  # type: ignore[import-not-found]
+from test_client_flow import Served, key_in_shard  # type: ignore[import-not-found]
 
+from gasless.app import create_app
 from gasless.client import RelayClient, Transfer
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -61,7 +63,7 @@ def test_the_status_page_in_a_browser_with_and_without_the_api(
     settings = make_env.__globals__["relay_settings"](
         tmp_path, unpaused_localnet, status_feed_dir=feed, status_feed_ms=200
     )
-    api = ApiServer(settings).start()
+    api = ServedApi(create_app(settings)).start()
     stopped = False
     try:
         asyncio.run(_traffic(Served(api.url, settings, unpaused_localnet, api), 3))
