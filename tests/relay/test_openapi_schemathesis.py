@@ -242,6 +242,7 @@ def _schemathesis_node_id(request: pytest.FixtureRequest) -> None:
 schema = schemathesis.pytest.from_fixture("contract_schema")
 
 
+@pytest.mark.slow
 @schema.parametrize()
 @seed(SEED)
 @settings(
