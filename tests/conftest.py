@@ -46,21 +46,6 @@ def pytest_configure(config: pytest.Config) -> None:
 _DESELECTED = pytest.StashKey[int]()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked `slow` start first, spread over the xdist workers. The worksteal scheduler hands each
-    worker a contiguous block of the collection and idle workers steal from the blocks' ends, so a slow test
-    collected late runs last, alone, while the others wait for it. Every worker computes the same order."""
-    slow = [item for item in items if item.get_closest_marker("slow")]
-    if not slow:
-        return
-    rest = [item for item in items if not item.get_closest_marker("slow")]
-    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
-    ordered: list[pytest.Item] = []
-    for k in range(workers):  # block k: its share of the slow tests, then its share of the rest
-        ordered += slow[k::workers] + rest[k * len(rest) // workers : (k + 1) * len(rest) // workers]
-    items[:] = ordered
-
-
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     """After each test's fixtures are gone: let its hosts and localnets be collected (tests/library_caches.py)."""

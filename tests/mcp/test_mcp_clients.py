@@ -283,7 +283,6 @@ def inspector_stage(call: dict[str, Any]) -> int:
     return {"relay_batch": 1, "get_intent": 2}.get(call["tool"], 0)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["http", "stdio"])
 def test_the_inspector_cli_accepts_every_answer(node: str, api: Any, kind: str, tmp_path: Path) -> None:
     """The TypeScript SDK test's calls (every tool with valid and invalid arguments) and every resource

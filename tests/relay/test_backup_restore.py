@@ -339,7 +339,6 @@ async def drop_database(url: str, name: str) -> None:
         await conn.close()
 
 
-@pytest.mark.slow
 def test_a_backup_taken_under_load_restores_with_nothing_lost_and_nothing_cosigned_twice(
     tmp_path: Path, unpaused_localnet: Any, databases: tuple[str, str, list[str]]
 ) -> None:
@@ -474,7 +473,6 @@ def test_a_backup_taken_under_load_restores_with_nothing_lost_and_nothing_cosign
         revived.stop()
 
 
-@pytest.mark.slow
 def test_a_restored_host_does_not_cosign_while_a_host_of_the_source_still_does(
     tmp_path: Path, unpaused_localnet: Any
 ) -> None:
@@ -563,7 +561,6 @@ def batch_rows(database_url: str) -> tuple[dict[int, dict[str, Any]], dict[str, 
     return asyncio.run(read())
 
 
-@pytest.mark.slow
 def test_settlement_batches_landed_after_the_backup_are_never_settled_again(
     tmp_path: Path, unpaused_localnet: Any, databases: tuple[str, str, list[str]]
 ) -> None:

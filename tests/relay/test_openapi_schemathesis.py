@@ -242,7 +242,6 @@ def _schemathesis_node_id(request: pytest.FixtureRequest) -> None:
 schema = schemathesis.pytest.from_fixture("contract_schema")
 
 
-@pytest.mark.slow
 @schema.parametrize()
 @seed(SEED)
 @settings(

@@ -261,7 +261,6 @@ def rendezvous(deployment: Deployment, users: list[str]) -> dict[str, str]:
     return answers
 
 
-@pytest.mark.slow
 def test_a_relayer_added_and_one_retired_with_traffic_flowing(deployment: Deployment) -> None:
     cluster = deployment.cluster
     relayers = [r for r in cluster.info["relayers"] if r["shard"] == SHARD]
