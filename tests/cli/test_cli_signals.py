@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +101,34 @@ def test_signals_stop_serve_at_any_moment(moment: str, tmp_path: Path, localnet:
         else:
             serve.wait_for(lambda: answers(f"http://127.0.0.1:{api}/healthz"), "the API")
         assert_stopped(serve, signal.SIGTERM, EXIT_SIGTERM, ports)
+
+
+# What CPython 3.11 did once in the suite: SIGTERM arrived inside the import machinery while ssl.py ran
+# `from _ssl import RAND_egd` (expected to fail, and caught), and the interrupt came out of the import as
+# "TypeError: expected a message argument", so the command exited 1 with a traceback.
+INTERRUPTED_IMPORT = """
+import os, signal, sys, time
+from gasless.cli import main, signals
+
+class SignalInsideTheImport:
+    def find_spec(self, name, path=None, target=None):
+        if name != "gasless.cli.main":
+            return None
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises first
+        except signals.StopRequested:
+            raise TypeError("expected a message argument") from None
+        raise AssertionError("the signal handler did not run")
+
+sys.meta_path.insert(0, SignalInsideTheImport())
+main()
+"""
+
+
+def test_a_signal_that_surfaces_from_an_import_as_another_error_still_stops_with_its_status() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_IMPORT], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == EXIT_SIGTERM, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr

@@ -17,6 +17,14 @@ def main() -> None:
         from gasless.cli.main import main as run
     except signals.StopRequested as stop:
         raise SystemExit(stop.exit_code) from None
+    except Exception:
+        # A signal taken inside the interpreter's import machinery can come out as another exception
+        # (CPython 3.11 replaced it with "TypeError: expected a message argument" in a `from _ssl import
+        # RAND_egd` that ssl.py expects to fail): the stop was asked for all the same.
+        code = signals.stop_exit_code()
+        if code is not None:
+            raise SystemExit(code) from None
+        raise
     run()
 
 

@@ -583,6 +583,9 @@ def main() -> None:
     except StopRequested as stop:  # outside typer's reach (its own start-up)
         raise SystemExit(stop.exit_code) from None
     except Exception as exc:
+        code = stop_exit_code()
+        if code is not None:  # a signal that surfaced as another exception (gasless.cli.main's import)
+            raise SystemExit(code) from None
         # Anything a command did not expect is still one line; GASLESS_DEBUG=1 keeps the traceback.
         if os.environ.get("GASLESS_DEBUG"):
             raise
