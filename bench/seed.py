@@ -28,7 +28,8 @@ whole invocation, and each size gets a fresh database, migrated, seeded, then se
 Every figure of a seeded size is printed with its ratio to the empty database's (target: at most 1.2x at
 10 M). `--repeat N` measures each size N times on its database, the service restarted each time: each
 figure is then the median, printed with every repeat's own, so a ratio can be read against the spread of
-the repeats of one size. Sizes and storages run one after the other on the same machine, so read the ratios of one run.
+the repeats of one size. Sizes and storages run one after the other on the same machine, so read the
+ratios of one run.
 
     .venv/bin/python bench/seed.py --storage sqlite --sizes 0,1000000,10000000
     .venv/bin/python bench/seed.py --storage postgresql --database-url postgresql+asyncpg://<user>@<host>/<db>
