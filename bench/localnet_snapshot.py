@@ -31,9 +31,9 @@ from pathlib import Path
 from multiversx_sdk import Transaction, TransactionComputer, UserSecretKey
 
 from gasless.chain.addresses import address_of, shard_of_pubkey
+from gasless.core.settings import LOCALNET_PAYMENT_TOKEN
 from gasless.localnet.chain import ChainConfig
 from gasless.localnet.server import Localnet
-from gasless.settings import LOCALNET_PAYMENT_TOKEN
 
 computer = TransactionComputer()
 

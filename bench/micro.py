@@ -140,12 +140,12 @@ def bench_read() -> None:
 def bench_log() -> None:
     import structlog
 
-    from gasless.logs import configure_logging
+    from gasless.core.logs import configure_logging
 
     with open(os.devnull, "w") as sink:
         configure_logging(json_lines=True, secrets=["micro-master-secret-0123456789abcdef"], stream=sink)
         structlog.contextvars.bind_contextvars(host_id="a", request_id="req_0123456789abcdef01234567")
-        log = structlog.get_logger("gasless.metrics")
+        log = structlog.get_logger("gasless.core.metrics")
         fields = {
             "method": "POST",
             "route": "/v1/relay",

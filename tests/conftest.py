@@ -162,9 +162,9 @@ class RunningLocalnet:
     def __init__(self, data_dir: Path, round_ms: int, gateways: int) -> None:
         import threading
 
+        from gasless.core.settings import LOCALNET_PAYMENT_TOKEN
         from gasless.localnet.chain import ChainConfig
         from gasless.localnet.server import Localnet
-        from gasless.settings import LOCALNET_PAYMENT_TOKEN
 
         self.loop = asyncio.new_event_loop()
         self.closed = False

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gasless.errors import CATALOGUE
+from gasless.core.errors import CATALOGUE
 
 RECORD_ENV = "GASLESS_PROBLEM_RECORD_FILE"
 

@@ -9,9 +9,9 @@ from pathlib import Path
 from error_coverage import NOT_YET_ANSWERED, RECORD_ENV, answered, findings  # type: ignore[import-not-found]
 from fastapi.testclient import TestClient
 
-from gasless.app import create_app
-from gasless.errors import CATALOGUE
-from gasless.settings import Settings
+from gasless.core.errors import CATALOGUE
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app
 
 
 def test_the_suite_records_what_every_host_renders() -> None:

@@ -33,8 +33,8 @@ def served_document() -> dict[str, Any]:
     network, workers) never runs, so nothing is started and no setting but the profile matters."""
     from fastapi.testclient import TestClient
 
-    from gasless.app import create_app
-    from gasless.settings import Settings
+    from gasless.core.settings import Settings
+    from gasless.hosting.app import create_app
 
     with tempfile.TemporaryDirectory() as data_dir:
         settings = Settings(

@@ -37,7 +37,7 @@ def parallel(extra: list[str]) -> list[str]:
     chosen = any(
         a == "-n" or a.startswith(("-n", "--numprocesses", "--dist")) or a == "no:xdist" for a in extra
     )
-    # A subset named by path (`tests/relay`, `tests/test_app.py::test_x`): as the caller says. Option values
+    # A subset named by path (`tests/relay`, `tests/hosting/test_app.py::test_x`): as the caller says. Option values
     # (`-p no:cacheprovider`, `-k expr`) are not paths.
     subset = any(a.startswith("tests") or a.endswith(".py") or "::" in a for a in extra)
     if chosen or subset:

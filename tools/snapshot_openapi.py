@@ -11,9 +11,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gasless.app import create_app
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app
 from gasless.http.openapi import contract_snapshot, snapshot_differences
-from gasless.settings import Settings
 
 SNAPSHOT = Path(__file__).resolve().parent.parent / "tests" / "http" / "openapi_snapshot.json"
 

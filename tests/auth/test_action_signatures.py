@@ -12,7 +12,7 @@ from multiversx_sdk import UserSecretKey
 from gasless.auth.actions import CHALLENGE_HEADER, SIGNATURE_HEADER, ActionSignatures, action_message
 from gasless.client.actions import action_headers
 from gasless.client.keys import UserKey
-from gasless.crypto import PurposeKeys
+from gasless.core.crypto import PurposeKeys
 
 
 def _attempt(env: Any, auth: Any, account: Any, raw: bytes, extra: dict[str, str] | None = None) -> Any:

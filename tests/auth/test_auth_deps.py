@@ -13,8 +13,8 @@ from fastapi import FastAPI
 
 from gasless.auth.deps import DashboardRead
 from gasless.auth.origins import OriginPolicy
+from gasless.core.settings import Settings
 from gasless.keys.key_format import make_key, new_key_id
-from gasless.settings import Settings
 
 EVIL = "https://evil.example"
 

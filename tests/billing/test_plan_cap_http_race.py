@@ -21,9 +21,9 @@ from relay_kit import RelayEnv, ServedApi, key_in_shard, relay_settings, unthrot
 from relay_kit import Sender as RelaySender
 from sqlalchemy import select
 
-from gasless.app import create_app
 from gasless.db import account_period_usage, reservations, usage_ledger
 from gasless.db.engine import create_engine
+from gasless.hosting.app import create_app
 from gasless.limits.buckets import Rate
 
 CAP = 10

@@ -10,10 +10,10 @@ from typing import Any
 from relay_kit import commit_point_values
 from sqlalchemy import select
 
+from gasless.core.errors import ApiError
 from gasless.db import account_period_usage, reservations
 from gasless.db.engine import create_engine
 from gasless.db.migrate import upgrade
-from gasless.errors import ApiError
 from gasless.relay.repository import IntentRepository
 
 CAP = 10

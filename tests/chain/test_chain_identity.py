@@ -19,11 +19,11 @@ import requests
 from fastapi.testclient import TestClient
 from relay_kit import MASTER_SECRET, relay_settings, wait_ready
 
-from gasless.app import create_app
 from gasless.chain.addresses import METACHAIN
 from gasless.chain.identity import ChainIdentity, ChainIdentityRepository
+from gasless.core.settings import Settings
 from gasless.db import create_engine
-from gasless.settings import Settings
+from gasless.hosting.app import create_app
 
 Start = Callable[..., Any]  # the run_localnet fixture (tests/conftest.py)
 

@@ -16,7 +16,7 @@ from multiversx_sdk import UserPEM, UserSecretKey
 from process_kit import error_line, free_port, piped_env, run
 
 from gasless.chain.addresses import address_of, shard_of_pubkey
-from gasless.settings import Settings
+from gasless.core.settings import Settings
 
 EXIT_USAGE = 2
 SECRET = "devnet-master-secret-0123456789abcdef"

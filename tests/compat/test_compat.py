@@ -32,16 +32,16 @@ from kit_client import (  # type: ignore[import-not-found]
 from multiversx_sdk import UserSecretKey
 from relay_kit import key_in_shard, start_env, unthrottled_limits  # type: ignore[import-not-found]
 
-from gasless.app import create_app
 from gasless.chain.addresses import address_of
 from gasless.client.native_auth import make_native_auth_token
 from gasless.compat.rendering import KIT_COMMAND_WORDS
 from gasless.compat.service import COMPAT_MAX_GAS_LIMIT, rendezvous
-from gasless.errors import CATALOGUE
+from gasless.core.errors import CATALOGUE
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app
 from gasless.limits.buckets import LocalRateLimiter, Rate, RouteLimiter, RouteLimitTable
 from gasless.localnet.owner import unpause
 from gasless.relay.relayers import RelayerInfo
-from gasless.settings import Settings
 
 ALICE = "erd1qyu5wthldzr8wx5c9ucg8kjagg0jfs53s8nr3zpz3hypefsdd8ssycr6th"
 

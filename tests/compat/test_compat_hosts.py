@@ -19,7 +19,7 @@ from relay_kit import ServedApi  # type: ignore[import-not-found]
 from test_client_flow import Served, start_served  # type: ignore[import-not-found]
 from test_two_hosts import Cluster, new_sender  # type: ignore[import-not-found]
 
-from gasless.app import create_app
+from gasless.hosting.app import create_app
 
 cluster = test_two_hosts.cluster  # this module's own two hosts (module scope)
 

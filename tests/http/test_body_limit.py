@@ -13,8 +13,8 @@ import pytest
 import uvicorn
 from fastapi.testclient import TestClient
 
-from gasless.app import create_app
-from gasless.settings import Settings
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app
 
 LIMIT = 131_072
 JSON = {"Content-Type": "application/json"}

@@ -20,9 +20,9 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from gasless.app import create_app
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app
 from gasless.http.server import api_server_config
-from gasless.settings import Settings
 
 
 def _closed_port() -> int:

@@ -19,9 +19,10 @@ from openapi_spec_validator import OpenAPIV31SpecValidator, validate
 from openapi_spec_validator.versions.shortcuts import get_spec_version
 from pydantic import BaseModel
 
-from gasless.app import create_app
 from gasless.compat.rendering import compat_status, is_compat_path
-from gasless.errors import CATALOGUE, PROBLEM_MEDIA_TYPE
+from gasless.core.errors import CATALOGUE, PROBLEM_MEDIA_TYPE
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app
 from gasless.http.openapi import (
     SNAPSHOT_REFRESH,
     build_document,
@@ -29,7 +30,6 @@ from gasless.http.openapi import (
     install_openapi,
     snapshot_differences,
 )
-from gasless.settings import Settings
 
 SNAPSHOT = Path(__file__).parent / "openapi_snapshot.json"
 METHODS = ("get", "put", "post", "delete", "options", "head", "patch", "trace")

@@ -12,8 +12,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from gasless.crypto import PurposeKeys, b64url, b64url_decode
-from gasless.errors import ApiError
+from gasless.core.crypto import PurposeKeys, b64url, b64url_decode
+from gasless.core.errors import ApiError
 from gasless.http.pages import CURSOR_TTL_MS, CursorCodec, PageQuery, WindowQuery
 from gasless.http.problems import install_problem_handlers
 

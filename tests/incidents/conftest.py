@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 from relay_kit import MASTER_SECRET, load_conftest, unthrottled_limits
 from typer.testing import CliRunner
 
-from gasless.app import create_app
 from gasless.cli import app as cli
-from gasless.settings import Settings
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app
 
 relay_env = load_conftest("relay")
 streams_env = load_conftest("streams")

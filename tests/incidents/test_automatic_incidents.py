@@ -14,12 +14,12 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
+from gasless.core.metrics import HostMetrics
 from gasless.db import create_engine, upgrade
 from gasless.incidents.jobs import IncidentWatch
 from gasless.incidents.repository import IncidentRepository
 from gasless.incidents.schemas import Incident
 from gasless.incidents.service import PLATFORM_ADMISSION, IncidentService
-from gasless.metrics import HostMetrics
 from gasless.streams.hub import StreamHub
 
 M = 1_000_000

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import sqlalchemy
 
-from gasless.crypto import PurposeKeys
+from gasless.core.crypto import PurposeKeys
 from gasless.db import create_engine, upgrade
 from gasless.keys.key_format import checksum
 from gasless.keys.repository import ApiKeyRepository, SlotsFull

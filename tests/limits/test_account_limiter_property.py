@@ -8,7 +8,7 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.limits.accounts import AccountLimiter, PlatformBudget
 from gasless.limits.buckets import LocalRateLimiter
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from redis.asyncio import Redis
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.limits.accounts import AccountLimiter
 from gasless.limits.redis_backend import RedisRateLimiter
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 from starlette.requests import Request
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.limits.buckets import (
     STREAM_RETRY_MS,
     LocalConcurrencyLimiter,

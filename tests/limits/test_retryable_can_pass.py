@@ -38,11 +38,11 @@ from relay_kit import (  # type: ignore[import-not-found]
     unthrottled_limits,
 )
 
-from gasless.app import create_app
 from gasless.billing.gate import FreeFlowLimits
 from gasless.billing.schedule import RU_SCHEDULE_V1, ru_for_gas_limit
 from gasless.compat.service import COMPAT_MAX_GAS_LIMIT
-from gasless.errors import CATALOGUE, ApiError
+from gasless.core.errors import CATALOGUE, ApiError
+from gasless.hosting.app import create_app
 from gasless.limits.accounts import AccountLimiter, PlatformBudget
 from gasless.limits.buckets import (
     STREAM_RETRY_MS,

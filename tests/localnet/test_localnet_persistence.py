@@ -16,11 +16,11 @@ from test_localnet_contract_calls import DEPOSIT, USDC, account_view, relayed_de
 
 from gasless import __version__
 from gasless.chain.addresses import METACHAIN, address_of
+from gasless.core.settings import LOCALNET_PAYMENT_TOKEN
 from gasless.localnet.chain import ChainConfig
 from gasless.localnet.owner import unpause
 from gasless.localnet.persist import FORMAT, SHAPE, SavedChainError
 from gasless.localnet.server import Localnet
-from gasless.settings import LOCALNET_PAYMENT_TOKEN
 
 computer = TransactionComputer()
 ROUND_MS = 100

@@ -19,7 +19,7 @@ from relay_kit import (  # type: ignore[import-not-found]
     unthrottled_limits,
 )
 
-from gasless.app import create_app
+from gasless.hosting.app import create_app
 
 relay_env = load_conftest("relay")
 unpaused_localnet = relay_env.unpaused_localnet

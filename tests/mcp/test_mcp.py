@@ -13,7 +13,7 @@ import anyio
 import requests
 from mcp import Client
 
-from gasless.errors import CATALOGUE
+from gasless.core.errors import CATALOGUE
 from gasless.mcp.schemas import STANDARD_FORMATS
 
 TOOLS = {"validate_transaction", "relay_batch", "assign_relayer", "quote", "get_intent", "get_network"}

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 import requests
 
-from gasless.errors import CATALOGUE
+from gasless.core.errors import CATALOGUE
 
 JS = Path(__file__).resolve().parent / "js"
 NODE_MODULES = JS / "node_modules"

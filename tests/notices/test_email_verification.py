@@ -10,7 +10,7 @@ from typing import Any
 from notice_kit import FAST, add_webhook, link_of, put_prefs, wait_until  # type: ignore[import-not-found]
 from relay_kit import MASTER_SECRET  # type: ignore[import-not-found]
 
-from gasless.crypto import PurposeKeys
+from gasless.core.crypto import PurposeKeys
 from gasless.notifications.links import VerificationLinks
 
 

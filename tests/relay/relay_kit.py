@@ -23,14 +23,14 @@ import uvicorn
 from fastapi.testclient import TestClient
 from multiversx_sdk import Address, Transaction, TransactionComputer, UserSecretKey
 
-from gasless.app import create_app
 from gasless.chain.abi import load_billing_abi
 from gasless.chain.addresses import address_of, shard_of_pubkey
 from gasless.chain.calls import contract_call
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app
 from gasless.limits.buckets import Rate, RouteLimitTable
 from gasless.localnet.owner import owner_call
 from gasless.relay.checks import presence_message
-from gasless.settings import Settings
 
 MASTER_SECRET = "relay-tests-master-secret-0123456789abcdef"
 

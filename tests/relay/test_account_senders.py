@@ -10,7 +10,7 @@ from multiversx_sdk import Address, UserSecretKey
 from relay_kit import user_call
 
 from gasless.chain.addresses import address_of
-from gasless.crypto import PurposeKeys
+from gasless.core.crypto import PurposeKeys
 from gasless.http.pages import CURSOR_TTL_MS, CursorCodec
 
 SENDERS = 12

@@ -36,7 +36,7 @@ from test_two_hosts import (  # type: ignore[import-not-found]
     wait_state,
 )
 
-from gasless.settings import MAX_WORKERS
+from gasless.core.settings import MAX_WORKERS
 
 pytestmark = [pytest.mark.postgres, pytest.mark.redis]
 

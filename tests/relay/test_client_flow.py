@@ -17,7 +17,6 @@ from aiohttp import web
 from multiversx_sdk import Transaction
 from relay_kit import ServedApi
 
-from gasless.app import create_app, purpose_keys
 from gasless.chain.addresses import address_of
 from gasless.client import (
     BuildContext,
@@ -30,9 +29,10 @@ from gasless.client import (
     presence_proof,
 )
 from gasless.client.api import RelayResult
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app, purpose_keys
 from gasless.localnet.owner import owner_call
 from gasless.relay.leases import LEASE_VALIDITY_MS, LeaseCodec
-from gasless.settings import Settings
 from gasless.signer import SignerUnavailable
 
 STATE_ORDER = ("COSIGNED", "BROADCAST", "EXECUTED", "FINALIZED")

@@ -12,10 +12,10 @@ from typing import Any
 from relay_kit import commit_point_values
 from sqlalchemy import func, select
 
+from gasless.core.errors import ApiError
 from gasless.db import account_period_usage, intents, reservations
 from gasless.db.engine import create_engine
 from gasless.db.migrate import upgrade
-from gasless.errors import ApiError
 from gasless.relay.repository import CommitConflict, IntentRepository
 
 NOW = 1_700_000_000_000

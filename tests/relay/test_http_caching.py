@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from gasless.crypto import b64url
+from gasless.core.crypto import b64url
 
 
 def etag_of(body: bytes) -> str:

@@ -10,8 +10,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from gasless.app import create_app
-from gasless.settings import Settings
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app
 
 
 def test_intent_reads_on_a_host_still_starting_answer_503(tmp_path: Path, problem: Any) -> None:

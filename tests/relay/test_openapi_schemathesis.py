@@ -42,7 +42,7 @@ from schemathesis.specs.openapi.checks import (
 
 from gasless.client.actions import action_headers
 from gasless.client.keys import UserKey
-from gasless.errors import CATALOGUE, PROBLEM_MEDIA_TYPE
+from gasless.core.errors import CATALOGUE, PROBLEM_MEDIA_TYPE
 
 BASE_URL = "http://testserver"
 SEED = 20_261_109

@@ -11,8 +11,8 @@ import requests
 from fastapi.testclient import TestClient
 from relay_kit import key_in_shard, relay_settings  # type: ignore[import-not-found]
 
-from gasless.app import create_app
 from gasless.chain.addresses import address_of
+from gasless.hosting.app import create_app
 
 
 def wait_readyz(client: TestClient, status: int, timeout: float = 20.0) -> dict[str, Any]:

@@ -20,9 +20,9 @@ import pytest
 from multiversx_sdk import Address, Transaction, TransactionComputer, UserSecretKey
 from relay_kit import fund, key_in_shard, localnet_post, send_direct
 
-from gasless.app import purpose_keys
 from gasless.chain.addresses import address_of, parse_address, shard_of_pubkey
-from gasless.crypto import PurposeKeys
+from gasless.core.crypto import PurposeKeys
+from gasless.hosting.app import purpose_keys
 from gasless.relay.leases import LeaseCodec
 from gasless.signer import Signer, SignerUnavailable
 

@@ -17,8 +17,8 @@ from fastapi.testclient import TestClient
 from redis import Redis
 from relay_kit import ServedApi
 
-from gasless.app import create_app
 from gasless.client.native_auth import make_native_auth_token
+from gasless.hosting.app import create_app
 from gasless.limits.buckets import LocalRateLimiter, Rate, RouteLimiter, RouteLimitTable
 
 SLOW = 0.001  # tokens per second: nothing refills during a test

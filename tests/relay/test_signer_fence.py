@@ -14,7 +14,7 @@ import sqlalchemy
 from fastapi.testclient import TestClient
 from relay_kit import RelayEnv, relay_settings, start_env, unthrottled_limits
 
-from gasless.app import create_app
+from gasless.hosting.app import create_app
 
 TEN_MINUTES_MS = 600_000
 

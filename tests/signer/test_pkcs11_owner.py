@@ -28,9 +28,9 @@ from fastapi.testclient import TestClient
 from process_kit import error_line, piped_env, run  # type: ignore[import-not-found]
 from relay_kit import relay_settings, unthrottled_limits  # type: ignore[import-not-found]
 
-from gasless.app import create_app
 from gasless.client.native_auth import make_native_auth_token
-from gasless.settings import Settings
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app
 from gasless.settlement import usage_settled_events, verify_proof
 from gasless.signer import Pkcs11OwnerSigner
 

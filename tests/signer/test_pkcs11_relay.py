@@ -26,7 +26,7 @@ from fastapi.testclient import TestClient
 from process_kit import run  # type: ignore[import-not-found]
 from relay_kit import relay_settings, unthrottled_limits  # type: ignore[import-not-found]
 
-from gasless.app import create_app
+from gasless.hosting.app import create_app
 
 
 def wait_for(check: Callable[[], Any], what: str, timeout: float = 30.0) -> Any:

@@ -26,7 +26,7 @@ import requests
 from process_kit import answers, free_port, run, spawn  # type: ignore[import-not-found]
 from relay_kit import ServedApi  # type: ignore[import-not-found]
 
-from gasless.app import create_app
+from gasless.hosting.app import create_app
 
 ATOM = "{http://www.w3.org/2005/Atom}"
 

@@ -19,8 +19,8 @@ from process_kit import answers, free_port, run, spawn  # type: ignore[import-no
 from relay_kit import ServedApi  # type: ignore[import-not-found]
 from test_client_flow import Served, key_in_shard  # type: ignore[import-not-found]
 
-from gasless.app import create_app
 from gasless.client import RelayClient, Transfer
+from gasless.hosting.app import create_app
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"

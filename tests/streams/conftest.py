@@ -12,7 +12,7 @@ import httpx2 as httpx
 import pytest
 from relay_kit import ServedApi, load_conftest
 
-from gasless.app import create_app
+from gasless.hosting.app import create_app
 
 _tests = Path(__file__).resolve().parents[1]
 relay_env = load_conftest("relay")

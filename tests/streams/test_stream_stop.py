@@ -21,7 +21,7 @@ import httpx2 as httpx
 import pytest
 from relay_kit import load_conftest
 
-from gasless.embedded import Listeners, serve_api
+from gasless.hosting.embedded import Listeners, serve_api
 
 relay_env = load_conftest("relay")
 auth_env = load_conftest("auth")

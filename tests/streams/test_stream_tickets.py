@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from gasless.crypto import PurposeKeys
+from gasless.core.crypto import PurposeKeys
 from gasless.streams.tickets import LocalUsedTickets, StreamTickets
 
 ALL_TOPICS = ["intents", "quota", "account", "notices", "incidents", "pricing"]

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from gasless.crypto import PurposeKeys
+from gasless.core.crypto import PurposeKeys
+from gasless.core.errors import ApiError
 from gasless.db import create_engine, upgrade
-from gasless.errors import ApiError
 from gasless.http.idempotency import IdempotencyStore, Stored
 from gasless.webhooks.repository import WebhookRepository
 

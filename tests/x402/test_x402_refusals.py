@@ -24,8 +24,8 @@ from gasless.chain.calls import contract_call
 from gasless.chain.codec import tx_from_wire, tx_to_wire
 from gasless.client.keys import UserKey
 from gasless.client.x402 import pay_header, read_challenge, read_settlement
-from gasless.crypto import PurposeKeys
-from gasless.errors import CATALOGUE
+from gasless.core.crypto import PurposeKeys
+from gasless.core.errors import CATALOGUE
 from gasless.purchases.quotes import QuoteSigner
 from gasless.x402.challenges import PaymentTerms, X402Challenges
 

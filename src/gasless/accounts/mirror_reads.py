@@ -13,8 +13,8 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.accounts.schemas import Account, PaygSettings, PlanBlock, PurchaseEvent, PurchasesPage, Quota
+from gasless.core.errors import ApiError
 from gasless.db.tables import PURCHASE_KINDS, account_period_usage
-from gasless.errors import ApiError
 from gasless.http.formats import CommaList
 from gasless.http.pages import CursorCodec, PageParams, TimeWindow
 from gasless.mirror.repository import MirrorRepository

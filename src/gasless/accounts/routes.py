@@ -11,7 +11,7 @@ from gasless.accounts.mirror_reads import KIND_LIST, parse_kinds
 from gasless.accounts.schemas import Account, PurchasesPage, Quota
 from gasless.accounts.senders import AccountSendersPage
 from gasless.chain.addresses import InvalidAddress, parse_address
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.caching import ACCOUNT_MIRROR_CACHE, cached_json
 from gasless.http.formats import Address
 from gasless.http.json_body import api_router

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.pages import CursorCodec, Page, PageParams
 from gasless.mirror.repository import MirrorRepository
 

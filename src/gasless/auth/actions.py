@@ -37,8 +37,8 @@ from redis.asyncio import Redis
 
 from gasless.chain.addresses import parse_address
 from gasless.chain.codec import verify_ed25519
-from gasless.crypto import PurposeKeys, b64url, b64url_decode
-from gasless.errors import ApiError
+from gasless.core.crypto import PurposeKeys, b64url, b64url_decode
+from gasless.core.errors import ApiError
 
 CHALLENGE_TTL_MS = 120_000
 CHALLENGE_HEADER = "X-Action-Challenge"

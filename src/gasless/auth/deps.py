@@ -32,7 +32,7 @@ from fastapi.security.base import SecurityBase
 from gasless.auth.native_auth import BlockUnavailable, NativeAuthError
 from gasless.auth.origins import origin_not_allowed
 from gasless.chain.addresses import InvalidAddress, parse_address
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.formats import AddressDoc
 from gasless.keys.key_format import looks_like_key
 from gasless.keys.schemas import ApiKeyScope

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.problems import problem_response
 
 ALLOW_HEADERS = (

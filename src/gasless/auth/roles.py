@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 
 Role = Literal["owner", "sender"]
 

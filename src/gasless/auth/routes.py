@@ -6,7 +6,7 @@ from fastapi import Request
 
 from gasless.auth.deps import NativeAuthCaller, native_auth_caller
 from gasless.auth.schemas import Me, MeAccount
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.json_body import api_router
 from gasless.limits.route_classes import private_read
 

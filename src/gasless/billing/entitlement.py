@@ -31,7 +31,7 @@ from gasless.billing.policy import FLAG_FUNCTIONS, MAX_DATA_BYTES_SELF_SERVE, Ad
 from gasless.billing.schedule import RU_SCHEDULE_V1, ru_for_gas_limit
 from gasless.chain.addresses import address_of
 from gasless.chain.calls import function_of, transfer_destination
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.mirror.views import ContractMirror
 
 PERIOD_MS = 2_592_000_000  # a plan period: 30 days (the contract's MONTH_MS)

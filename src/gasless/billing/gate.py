@@ -26,8 +26,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from gasless.billing.decision import EntitlementDecision
 from gasless.billing.entitlement import BillingEntitlement
 from gasless.billing.policy import FLAG_FUNCTIONS
+from gasless.core.errors import ApiError
 from gasless.db import reservations
-from gasless.errors import ApiError
 from gasless.limits.accounts import AccountLimiter
 from gasless.limits.buckets import Decision, Rate, Take
 

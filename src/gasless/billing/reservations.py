@@ -26,6 +26,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 
 from gasless.billing.advice import Holdings, usdc
 from gasless.billing.policy import CONTRACT_FAILURES
+from gasless.core.errors import ApiError
 from gasless.db import (
     account_period_usage,
     dialect_insert,
@@ -34,7 +35,6 @@ from gasless.db import (
     reservations,
     usage_ledger,
 )
-from gasless.errors import ApiError
 
 
 @dataclass

@@ -12,7 +12,7 @@ every host advances while it runs (every RECORD_EVERY_MS, and at stop). Every la
 - the recorded hyperblock with another hash, or not reached within CATCH_UP_ROUNDS rounds (a gateway's
   observer may lag a little behind the one that answered before): the chain went backwards or was replaced.
 
-On a mismatch the host refuses to start (`gasless.app`): readiness stays 503 with the reason, the relay
+On a mismatch the host refuses to start (`gasless.hosting.app`): readiness stays 503 with the reason, the relay
 routes answer 503, and no worker that acts on the database's state runs.
 """
 

@@ -20,7 +20,7 @@ import structlog
 from gasless.chain.addresses import METACHAIN
 from gasless.chain.gas import GasRules
 from gasless.chain.gateway import GatewayClient, GatewayUnavailable
-from gasless.workers import cancel_and_wait
+from gasless.core.workers import cancel_and_wait
 
 MIN_POLL_MS = 50
 # How long after a round starts the aligned poll reads the statuses: the block of that round is proposed at

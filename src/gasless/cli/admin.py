@@ -59,7 +59,7 @@ def _settings(
     contract: str | None,
     database_url: str | None = None,
 ) -> Any:
-    from gasless.settings import Settings
+    from gasless.core.settings import Settings
 
     overrides: dict[str, Any] = {}
     if gateways:
@@ -112,7 +112,7 @@ def _quiet_logs() -> None:
     keeps the command's result alone. Left as it is when the process configured its logging already."""
     import structlog
 
-    from gasless.logs import configure_logging
+    from gasless.core.logs import configure_logging
 
     if not structlog.is_configured():
         configure_logging(json_lines=False, level="WARNING")

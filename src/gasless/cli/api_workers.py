@@ -17,7 +17,7 @@ Everything the workers share lives in PostgreSQL and Redis, exactly as for two h
 instance of its own (`Settings.instance_id`, `<hostId>.<k>`) to the signer fence, to intent ownership and
 to singleton presence: a worker that dies is to the others what a dead host is, and the intent-recovery
 leader adopts and finishes its in-flight intents. Clients see the host: `hostId` is the host's, and each
-worker's boot epoch is distinct (gasless.host.boot_epoch_ms), so stream event ids never collide.
+worker's boot epoch is distinct (gasless.hosting.host.boot_epoch_ms), so stream event ids never collide.
 
 The parent only supervises:
 - A worker that exits on its own is started again after a back-off (1 s, doubling to 30 s; back to 1 s

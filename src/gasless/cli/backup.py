@@ -25,7 +25,7 @@ DatabaseOption = Annotated[
 
 
 def _settings(config: Path | None, database_url: str | None = None) -> Any:
-    from gasless.settings import Settings
+    from gasless.core.settings import Settings
 
     try:
         return Settings.load(config_file=config, **({"database_url": database_url} if database_url else {}))

@@ -51,11 +51,11 @@ def _run(config: Path | None, database_url: str | None, work: Callable[[Any], Aw
     """Run `work(service)` against the configured database; ApiError and database errors exit 1."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from gasless.core.errors import ApiError
+    from gasless.core.settings import Settings
     from gasless.db import create_engine
-    from gasless.errors import ApiError
     from gasless.incidents.repository import IncidentRepository
     from gasless.incidents.service import IncidentService
-    from gasless.settings import Settings
 
     overrides: dict[str, Any] = {"database_url": database_url} if database_url else {}
     try:

@@ -26,8 +26,8 @@ from gasless.cli.purchases import register as register_purchases
 from gasless.cli.relay import relay_app
 from gasless.cli.signals import StopRequested, run_until_stopped, stop_exit_code
 from gasless.cli.x402 import x402_app
-from gasless.logs import configure_logging
-from gasless.loop_watch import settle_heap
+from gasless.core.logs import configure_logging
+from gasless.core.loop_watch import settle_heap
 
 # `gasless --help` lists the commands by what they are for, in this order (each command's panel).
 PANELS: dict[str, tuple[str, ...]] = {
@@ -152,7 +152,7 @@ def _without_password(url: str) -> str:
     try:
         return make_url(url).render_as_string(hide_password=True)
     except Exception:  # not a database URL shape (e.g. redis): mask by pattern instead
-        from gasless.logs import Redactor
+        from gasless.core.logs import Redactor
 
         return Redactor().text(url)
 
@@ -206,7 +206,7 @@ def up(
     ] = 1025,
 ) -> None:
     """Start the embedded default: localnet and the API host(s) on loopback, data under --data-dir."""
-    from gasless.embedded import (
+    from gasless.hosting.embedded import (
         EmbeddedConfigError,
         EmbeddedOptions,
         PortUnavailable,
@@ -281,7 +281,7 @@ def status_site(
     A separate deployment: it keeps serving the last feeds when the API is down."""
     import uvicorn
 
-    from gasless.embedded import PortUnavailable, check_port
+    from gasless.hosting.embedded import PortUnavailable, check_port
     from gasless.statussite.app import create_status_site
 
     try:
@@ -306,11 +306,11 @@ def localnet(
     ] = False,
 ) -> None:
     """Run the local network alone (gateway REST API + admin API under /localnet/)."""
-    from gasless.embedded import PortUnavailable, check_port
+    from gasless.core.settings import LOCALNET_PAYMENT_TOKEN
+    from gasless.hosting.embedded import PortUnavailable, check_port
     from gasless.localnet.chain import ChainConfig
     from gasless.localnet.persist import SavedChainError
     from gasless.localnet.server import Localnet
-    from gasless.settings import LOCALNET_PAYMENT_TOKEN
 
     ports = [port + i if port else 0 for i in range(gateways)]
     try:
@@ -405,7 +405,8 @@ def serve(
 ) -> None:
     """Run the API alone against the configured gateways and database (GASLESS_* settings)."""
     from gasless.cli.api_workers import adopt_socket, watch_parent, worker_socket
-    from gasless.embedded import (
+    from gasless.core.settings import MAX_WORKERS, Settings
+    from gasless.hosting.embedded import (
         Listeners,
         PortUnavailable,
         ServerFailed,
@@ -414,7 +415,6 @@ def serve(
         local_master_secret,
         serve_api,
     )
-    from gasless.settings import MAX_WORKERS, Settings
 
     overrides: dict[str, object] = {}
     if network is not None:
@@ -496,7 +496,7 @@ def _serve_workers(
 ) -> None:
     """`gasless serve --workers N`: bind the ports, then run and supervise the workers (gasless.cli.api_workers)."""
     from gasless.cli.api_workers import WorkerSupervisor, reserve_port, worker_command
-    from gasless.embedded import PortUnavailable, listen
+    from gasless.hosting.embedded import PortUnavailable, listen
 
     try:
         api = reserve_port(settings.api_host, settings.api_port)
@@ -553,7 +553,7 @@ def errors(
     """Print the error catalogue as JSON (published as docs/errors.json)."""
     import json
 
-    from gasless.errors import catalogue_document
+    from gasless.core.errors import catalogue_document
 
     typer.echo(json.dumps(catalogue_document(docs_url), indent=2))
 

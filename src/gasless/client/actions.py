@@ -11,7 +11,7 @@ from typing import Any
 
 from gasless.auth.actions import CHALLENGE_HEADER, SIGNATURE_HEADER, action_message
 from gasless.client.keys import TxSigner
-from gasless.crypto import b64url_decode
+from gasless.core.crypto import b64url_decode
 
 
 class ActionChallengeMismatch(ValueError):

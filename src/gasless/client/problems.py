@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from gasless.errors import CATALOGUE
+from gasless.core.errors import CATALOGUE
 
 RESIGN_VALUES = ("NONE", "SAME_BYTES", "NEW_SIGNATURE_SAME_NONCE")
 _GATEWAY_STATUSES = (502, 503, 504)

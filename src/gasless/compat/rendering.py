@@ -21,7 +21,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gasless.errors import PROBLEM_MEDIA_TYPE
+from gasless.core.errors import PROBLEM_MEDIA_TYPE
 
 # First path segments the kit calls: the facade's routes and its registration flow's.
 KIT_SEGMENTS = frozenset({"health", "relay", "relayer", "challenge", "register"})

@@ -11,8 +11,8 @@ from fastapi.responses import JSONResponse
 
 from gasless.compat.rendering import NO_SIGN_UP
 from gasless.compat.schemas import CompatHealth, CompatRelayed, CompatRelayerAddress, CompatRelayRequest
-from gasless.errors import ApiError
-from gasless.host import readiness
+from gasless.core.errors import ApiError
+from gasless.hosting.host import readiness
 from gasless.http.json_body import api_router
 from gasless.relay.checks import parse_json_body
 from gasless.relay.routes import read_body

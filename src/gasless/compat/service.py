@@ -25,7 +25,7 @@ from typing import Any
 from gasless.billing.schedule import ru_for_gas_limit
 from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubkey
 from gasless.chain.codec import WireError, tx_from_wire
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.limits.buckets import RouteLimiter
 from gasless.relay.checks import ParsedRelay
 from gasless.relay.leases import LeaseCodec

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import structlog
 from sqlalchemy.engine import make_url
 
-from gasless.workers import cancel_and_wait, wait_event
+from gasless.core.workers import cancel_and_wait, wait_event
 
 log = structlog.get_logger("gasless.leader")
 

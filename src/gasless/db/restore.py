@@ -49,7 +49,7 @@ RETIRED_KEY = "retired"  # service_meta of a database a restore retired
 RETIRED_HOLDER = "retired-by-restore:"  # signer_fences.holder of an identity a restore claimed for good
 RETIRED_UNTIL_MS = 253_402_300_799_000  # 9999-12-31: a claim that never lapses
 HOST_IDS = ("a", "b")
-MAX_WORKERS = 16  # gasless.settings.MAX_WORKERS: worker k of `--workers` signs as `<env>:<host>.<k>`
+MAX_WORKERS = 16  # gasless.core.settings.MAX_WORKERS: worker k of `--workers` signs as `<env>:<host>.<k>`
 # Waited past a claim's end: the signer stops SAFETY_MARGIN_MS before it (gasless.signer.fence).
 FENCE_MARGIN_MS = 500
 _RESTORING = re.compile(r'processing data for table "?([^"]+)"?')

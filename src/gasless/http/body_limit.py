@@ -12,7 +12,7 @@ from __future__ import annotations
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.problems import problem_response
 
 MAX_REQUEST_BODY_BYTES = 131_072

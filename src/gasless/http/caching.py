@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import Request, Response
 from pydantic import BaseModel
 
-from gasless.crypto import b64url
+from gasless.core.crypto import b64url
 
 # Per-route policies (docs/api-conventions.md, "Caching").
 NETWORK_CACHE = "public, max-age=1"  # the recent block for native-auth moves every round

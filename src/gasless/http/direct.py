@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.problems import problem_response
 
 DirectHandler = Callable[[Request], Awaitable[Response]]

@@ -28,7 +28,7 @@ from gasless.chain.addresses import InvalidAddress, parse_address
 
 # The wire ranges are the codec's (it judges them); re-exported for the routes' schemas.
 from gasless.chain.codec import AMOUNT_DIGITS, BASE64_PATTERN, INT64_MAX, SAFE_INT_MAX, UINT32_MAX  # noqa: F401
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 
 BECH32_CHARS = "qpzry9x8gf2tvdw0s3jn54khce6mua7l"
 HRP = "erd"

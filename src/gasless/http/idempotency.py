@@ -35,11 +35,11 @@ from fastapi.responses import JSONResponse, Response
 from sqlalchemy import and_, delete, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gasless.crypto import PurposeKeys
+from gasless.core.crypto import PurposeKeys
+from gasless.core.errors import ApiError
+from gasless.core.sealing import SealBroken, seal, unseal
 from gasless.db import begin_write, dialect_insert
 from gasless.db.tables import idempotency_keys
-from gasless.errors import ApiError
-from gasless.sealing import SealBroken, seal, unseal
 
 HEADER = "Idempotency-Key"
 REPLAYED_HEADER = "Idempotent-Replayed"

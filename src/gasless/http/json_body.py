@@ -21,7 +21,7 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 
 
 class _Repeated(ValueError):

@@ -28,7 +28,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from gasless.errors import CATALOGUE, PROBLEM_MEDIA_TYPE
+from gasless.core.errors import CATALOGUE, PROBLEM_MEDIA_TYPE
 from gasless.http.formats import COMPONENTS as FORMAT_COMPONENTS
 from gasless.http.formats import exact_integer_bounds, resolve_markers
 from gasless.http.operations import API_KEY, NATIVE_AUTH, OPERATIONS, X402, default_contract

@@ -23,8 +23,8 @@ import rfc8785
 from fastapi import Depends, Query
 from pydantic import BaseModel, Field
 
-from gasless.crypto import PurposeKeys, b64url, b64url_decode
-from gasless.errors import ApiError
+from gasless.core.crypto import PurposeKeys, b64url, b64url_decode
+from gasless.core.errors import ApiError
 
 DEFAULT_PAGE_SIZE = 50
 MAX_PAGE_SIZE = 200

@@ -19,7 +19,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gasless.errors import PROBLEM_MEDIA_TYPE, ApiError, problem_document
+from gasless.core.errors import PROBLEM_MEDIA_TYPE, ApiError, problem_document
 from gasless.http.formats import (
     ADDRESS_PATTERN,
     INTENT_ID_PATTERN,

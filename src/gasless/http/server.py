@@ -21,7 +21,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gasless.errors import PROBLEM_MEDIA_TYPE, ApiError, problem_document
+from gasless.core.errors import PROBLEM_MEDIA_TYPE, ApiError, problem_document
 from gasless.http.problems import REQUEST_ID_HEADER, new_request_id
 
 HEADER_TIMEOUT_S = 10.0

@@ -22,11 +22,11 @@ from typing import Any
 
 import structlog
 
+from gasless.core.workers import cancel_and_wait
 from gasless.http.pages import CursorCodec
 from gasless.incidents.repository import IncidentRepository
 from gasless.incidents.schemas import Incident
 from gasless.incidents.service import PLATFORM_ADMISSION, AutomaticKind, IncidentService, to_incident
-from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.incidents")
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.pages import CursorCodec, PageParams, TimeWindow
 from gasless.incidents.repository import IncidentRepository, IncidentRow, NotOpen, Raised
 from gasless.incidents.schemas import (

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gasless.crypto import PurposeKeys
-from gasless.errors import ApiError
+from gasless.core.crypto import PurposeKeys
+from gasless.core.errors import ApiError
 from gasless.keys.key_format import (
     KEY_ID_PATTERN,
     KeyFormatError,

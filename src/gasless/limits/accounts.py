@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.limits.buckets import Decision, MultiDecision, Rate, RateLimiter, Take
 
 log = structlog.get_logger("gasless.billing")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 
 # A refused stream has no time at which a slot frees up; clients are told to look again after this long.
 STREAM_RETRY_MS = 1_000

@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from gasless.core.workers import cancel_and_wait, wait_event
 from gasless.localnet.admin import (
     FAULTS_KEY,
     INFO_KEY,
@@ -33,7 +34,6 @@ from gasless.localnet.envelope import CHAIN_KEY
 from gasless.localnet.gateway import add_routes
 from gasless.localnet.genesis import Genesis, apply_genesis, genesis_facts, resume_genesis
 from gasless.localnet.persist import ChainStore, SavedChainError, config_difference
-from gasless.workers import cancel_and_wait, wait_event
 
 MAX_BODY_BYTES = 64 * 1024 * 1024  # send-multiple batches can be large
 SNAPSHOT_INTERVAL_S = 5.0

@@ -23,7 +23,7 @@ import httpx2
 
 from gasless.client import endpoints
 from gasless.client.endpoints import Answer, Unanswered
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 
 API_KEY_HEADER = "X-Api-Key"
 CONNECT_TIMEOUT_S = 3.0

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.problems import problem_response
 from gasless.limits.buckets import refusal
 from gasless.limits.route_classes import client_key, record

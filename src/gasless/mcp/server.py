@@ -31,7 +31,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import ValidationError, WithJsonSchema
 
 from gasless import __version__
-from gasless.errors import CATALOGUE, ApiError, catalogue_document, problem_document
+from gasless.core.errors import CATALOGUE, ApiError, catalogue_document, problem_document
 from gasless.http.problems import new_request_id
 from gasless.mcp.api import API_KEY_HEADER, ApiAnswer, ApiCaller
 from gasless.mcp.schemas import (

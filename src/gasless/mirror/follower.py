@@ -24,9 +24,9 @@ import structlog
 from gasless.chain.abi import decode_outputs, load_billing_abi
 from gasless.chain.addresses import METACHAIN, parse_address
 from gasless.chain.gateway import GatewayClient
+from gasless.core.workers import cancel_and_wait
 from gasless.mirror.events import ContractEvent, decode_transaction_events, plain
 from gasless.mirror.repository import MirrorRepository, MirrorStep
-from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.mirror")
 
@@ -109,7 +109,7 @@ class MirrorFollower:
 
         async with self._applied:
             try:
-                async with asyncio.timeout(timeout_s):  # not wait_for: see gasless.workers.wait_event
+                async with asyncio.timeout(timeout_s):  # not wait_for: see gasless.core.workers.wait_event
                     await self._applied.wait_for(done)
             except TimeoutError:
                 return False

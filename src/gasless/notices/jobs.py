@@ -22,6 +22,7 @@ from typing import Any
 
 import structlog
 
+from gasless.core.workers import PollingLoop
 from gasless.notices.kinds import PRICING_KINDS
 from gasless.notices.repository import NoticeRepository, NoticeRow, SourceReads
 from gasless.notices.service import NoticeService, to_notice
@@ -30,7 +31,6 @@ from gasless.notifications.links import VerificationLinks
 from gasless.notifications.mail import MailWorker, SmtpTarget
 from gasless.notifications.repository import MailOutbox, PrefsRepository
 from gasless.notifications.service import NotificationService
-from gasless.workers import PollingLoop
 
 log = structlog.get_logger("gasless.notices")
 

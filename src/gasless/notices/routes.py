@@ -9,8 +9,8 @@ from fastapi import Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from gasless.auth.deps import AccountAccess, account_access
+from gasless.core.errors import ApiError
 from gasless.db.types import INT64_MAX
-from gasless.errors import ApiError
 from gasless.http.json_body import api_router
 from gasless.http.pages import PageQuery
 from gasless.limits.route_classes import private_read

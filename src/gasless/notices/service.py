@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.pages import CursorCodec, PageParams
 from gasless.notices.repository import NewNotice, NoticeRepository, NoticeRow
 from gasless.notices.schemas import Notice, NoticePage

@@ -11,8 +11,8 @@ import json
 import secrets
 from dataclasses import dataclass
 
-from gasless.crypto import PurposeKeys, b64url, b64url_decode
-from gasless.errors import ApiError
+from gasless.core.crypto import PurposeKeys, b64url, b64url_decode
+from gasless.core.errors import ApiError
 
 LINK_TTL_MS = 86_400_000
 VERIFY_PATH = "/notifications/verify"

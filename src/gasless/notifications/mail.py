@@ -31,8 +31,8 @@ import structlog
 from aiosmtpd.smtp import SMTP as SmtpProtocol
 from aiosmtpd.smtp import Envelope, Session
 
+from gasless.core.workers import PollingLoop
 from gasless.notifications.repository import MailOutbox, MailRow
-from gasless.workers import PollingLoop
 
 log = structlog.get_logger("gasless.mail")
 
@@ -215,7 +215,7 @@ class MailCatcher:
         if self._server is not None:
             self._server.close()
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(2.0):  # not wait_for: see gasless.workers.wait_event
+                async with asyncio.timeout(2.0):  # not wait_for: see gasless.core.workers.wait_event
                     await self._server.wait_closed()
             self._server = None
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 
 from gasless.auth.deps import AccountAccess, AccountWrite, account_access
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.json_body import api_router
 from gasless.keys.routes import WRITE_LIMIT
 from gasless.limits.route_classes import private_read

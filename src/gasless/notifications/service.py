@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.notices.kinds import NOTICE_KINDS
 from gasless.notifications.links import VerificationLinks, link_refused
 from gasless.notifications.repository import MailOutbox, PrefsRepository, PrefsRow

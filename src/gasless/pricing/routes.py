@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import Query, Request, Response
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.caching import cached_json
 from gasless.http.json_body import api_router
 from gasless.http.pages import PageQuery

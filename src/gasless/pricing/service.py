@@ -15,7 +15,7 @@ from typing import Any
 
 from gasless.billing.schedule import RU_SCHEDULE_V1, RU_SCHEDULE_VERSION
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.pages import CursorCodec, PageParams
 from gasless.mirror.repository import MirrorRepository
 from gasless.mirror.views import ContractMirror

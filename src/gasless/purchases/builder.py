@@ -19,7 +19,7 @@ from gasless.chain.calls import contract_call
 from gasless.chain.codec import tx_to_wire
 from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.purchases.schemas import ContractCall, PreparedTransaction, UnsignedTransaction
 from gasless.relay.assign import AssignService, next_free_nonce
 from gasless.relay.leases import LeaseKind

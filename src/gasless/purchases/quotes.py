@@ -19,7 +19,7 @@ from typing import Any
 
 import rfc8785
 
-from gasless.crypto import PurposeKeys, b64url, b64url_decode
+from gasless.core.crypto import PurposeKeys, b64url, b64url_decode
 
 QUOTE_VALIDITY_MS = 120_000  # the interface contract's purchase quote validity
 QUOTE_BUCKET_MS = 10_000  # same inputs, same quote within this; a client keeps > 110 000 ms of validity

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import Request
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.json_body import api_router
 from gasless.limits.route_classes import PREPARE
 from gasless.purchases.schemas import (

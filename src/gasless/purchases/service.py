@@ -20,7 +20,7 @@ from gasless.billing.policy import FLAG_FUNCTIONS
 from gasless.billing.schedule import ru_for_gas_limit
 from gasless.chain.codec import tx_from_wire
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.mirror.views import ContractMirror
 from gasless.pricing.service import text
 from gasless.purchases.builder import Call, CallBuilder

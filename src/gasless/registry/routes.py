@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import Path, Query, Request, Response
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.caching import cached_json
 from gasless.http.formats import Address
 from gasless.http.json_body import api_router

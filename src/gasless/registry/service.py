@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.registry.repository import RegistryRepository
 from gasless.registry.schemas import (
     RelayerPublic,

@@ -18,7 +18,7 @@ from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubk
 from gasless.chain.codec import signing_bytes, tx_hash, verify_ed25519
 from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.limits.buckets import Decision, RouteLimiter, local_route_limiter
 from gasless.relay.checks import parse_transaction, presence_message
 from gasless.relay.leases import LeaseCodec, LeaseKind

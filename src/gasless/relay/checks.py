@@ -19,7 +19,7 @@ from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubk
 from gasless.chain.codec import WireError, signing_bytes, tx_from_wire
 from gasless.chain.gas import OPTION_GUARDED, OPTION_HASH_SIGN, GasRules, is_guarded
 from gasless.chain.network import NetworkParams
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.formats import INT64_MAX
 from gasless.http.json_body import parse_json
 

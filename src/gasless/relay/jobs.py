@@ -27,11 +27,11 @@ from gasless.chain.addresses import METACHAIN
 from gasless.chain.gateway import Broadcast, GatewayClient
 from gasless.chain.network import NetworkView
 from gasless.chain.outcomes import contract_failure, is_move_balance
+from gasless.core.workers import cancel_and_wait, wait_event
 from gasless.db import intents
 from gasless.relay.chain_reads import UNREACHABLE, ChainReads
 from gasless.relay.events import IntentBus
 from gasless.relay.repository import IN_FLIGHT, IntentRepository, Rec
-from gasless.workers import cancel_and_wait, wait_event
 
 log = structlog.get_logger("gasless.relay.jobs")
 

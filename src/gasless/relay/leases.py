@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-from gasless.crypto import PurposeKeys, b64url, b64url_decode
+from gasless.core.crypto import PurposeKeys, b64url, b64url_decode
 
 LEASE_VERSION = 1
 LEASE_VALIDITY_MS = 600_000

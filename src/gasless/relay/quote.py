@@ -9,7 +9,7 @@ from gasless.chain.calls import function_of
 from gasless.chain.gas import is_guarded
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.mirror.views import ContractMirror
 from gasless.relay.checks import gas_limit_problem, parse_transaction
 from gasless.relay.schemas import RelayQuote

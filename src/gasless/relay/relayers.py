@@ -28,9 +28,9 @@ from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.chain.gateway import GatewayClient
+from gasless.core.workers import cancel_and_wait
 from gasless.db import begin_write, dialect_insert, intents, relayer_state_history, relayers
 from gasless.signer import RelayerKey
-from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.relayers")
 

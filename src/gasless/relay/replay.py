@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import structlog
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.relay.checks import parse_json_body, parse_relay_body
 from gasless.relay.repository import IntentRepository
 from gasless.relay.schemas import RelayResponse

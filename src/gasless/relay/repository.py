@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.billing.reservations import reserve_many, settle
+from gasless.core.errors import ApiError
 from gasless.db import (
     begin_write,
     dialect_insert,
@@ -25,7 +26,6 @@ from gasless.db import (
     run_read,
     run_write,
 )
-from gasless.errors import ApiError
 
 IN_FLIGHT = ("COSIGNED", "BROADCAST", "EXECUTED")
 ACK_CHUNK = 64  # acknowledgements written by one UPDATE at most (one prepared statement for each size)

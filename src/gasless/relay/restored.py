@@ -5,7 +5,7 @@ A restored database is a snapshot of the past (`gasless admin restore` marks it:
 snapshot may have executed, and the old hosts relayed more, which the snapshot does not hold. Serving it as
 it is would send again what the chain already has (start-up recovery re-broadcasts every `COSIGNED` row)
 and know nothing of the relays acknowledged after the backup. So before the signer claims its identity,
-the start-up (`gasless.startup`) runs `RestoreReconciler`, once per restore:
+the start-up (`gasless.hosting.startup`) runs `RestoreReconciler`, once per restore:
 
 1. every intent still `COSIGNED` in the snapshot that the chain knows is recorded as broadcast: the start-up
    recovery does not send it again, and the tracker follows it to FINALIZED (or DEAD) from what the chain

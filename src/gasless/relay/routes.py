@@ -16,7 +16,7 @@ from gasless.auth.deps import OptionalBearer, RelaySponsorKey, relay_sponsor
 from gasless.auth.native_auth import BlockUnavailable, NativeAuthError
 from gasless.chain.addresses import InvalidAddress, parse_address
 from gasless.chain.gateway import GatewayRejected, GatewayUnavailable
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.caching import NETWORK_CACHE, cached_json, intent_cache_control
 from gasless.http.formats import INT64_MAX, VISIBLE_ASCII_KEY_PATTERN, Address, IntentIdOrTxHash, TxHash
 from gasless.http.json_body import api_router

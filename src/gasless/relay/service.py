@@ -25,7 +25,7 @@ from gasless.chain.addresses import shard_of_pubkey
 from gasless.chain.codec import tx_hash, tx_to_wire, verify_ed25519
 from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
 from gasless.chain.network import NetworkView
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.limits.buckets import Decision
 from gasless.relay.assign import AssignService
 from gasless.relay.checks import (
@@ -502,7 +502,7 @@ class RelayService:
             sent = self.broadcaster.send(pk, wire, final_hash)
             self.tracker.watch(row)
             remaining = max(0.0, (received_ms + ACK_WAIT_MS - self.now_ms()) / 1000)
-            async with asyncio.timeout(remaining):  # not wait_for: see gasless.workers.wait_event
+            async with asyncio.timeout(remaining):  # not wait_for: see gasless.core.workers.wait_event
                 ack_ms = await asyncio.shield(sent.ack_ms)
         except (TimeoutError, Exception):  # noqa: BLE001 - after the commit point nothing may fail the answer
             ack_ms = None

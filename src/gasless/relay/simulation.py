@@ -22,7 +22,7 @@ from multiversx_sdk import Transaction
 
 from gasless.chain.gas import is_guarded
 from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.relay.checks import ParsedRelay
 
 OVERPROVISION_FACTOR = 1.9

@@ -8,7 +8,7 @@ from typing import Any
 
 from gasless.chain.codec import verify_ed25519
 from gasless.chain.gas import is_guarded
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.relay.assign import AssignService
 from gasless.relay.checks import ChainState, ParsedRelay, gas_price_of
 from gasless.relay.intents import intent_from_row

@@ -8,7 +8,7 @@ answer; independent checks of the same stage are all listed.
 from __future__ import annotations
 
 from gasless.chain.codec import tx_hash
-from gasless.errors import ApiError, problem_document
+from gasless.core.errors import ApiError, problem_document
 from gasless.relay.checks import ParsedRelay, all_failures, parse_json_body, parse_relay_body
 from gasless.relay.leases import Lease
 from gasless.relay.schemas import ValidateProblem, ValidateResponse

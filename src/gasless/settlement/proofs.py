@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from gasless.chain.abi import decode_event, load_billing_abi
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.mirror.events import plain
 from gasless.settlement.merkle import LEAF_DATA_BYTES, ProofStep, leaf_hash, root_from_path
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import Path, Request
 
 from gasless.auth.deps import ApiKeyHeader, AuthorizationHeader, read_access_to
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.formats import TxHash
 from gasless.http.json_body import api_router
 from gasless.limits.route_classes import limit_private_read

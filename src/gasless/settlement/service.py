@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.mirror.repository import MirrorRepository
 from gasless.settlement.merkle import leaf_hash
 from gasless.settlement.proofs import ProofPathStep, SettlementRef, UsageProof, not_committed

@@ -23,9 +23,9 @@ import structlog
 
 from gasless.chain.abi import decode_outputs, encode_args, load_billing_abi
 from gasless.chain.gateway import GatewayClient
+from gasless.core.workers import cancel_and_wait, wait_event
 from gasless.settlement.owner_tx import OWNER_GAS, OwnerCallError, OwnerTransactor
 from gasless.settlement.repository import BuiltBatch, SettlementRepository
-from gasless.workers import cancel_and_wait, wait_event
 
 log = structlog.get_logger("gasless.settlement")
 

@@ -17,7 +17,7 @@ from gasless.signer.pkcs11 import Pkcs11Config, Pkcs11Signer
 from gasless.signer.pkcs11_library import Pkcs11Refused, Pkcs11Unavailable
 
 if TYPE_CHECKING:
-    from gasless.settings import Settings
+    from gasless.core.settings import Settings
 
 log = structlog.get_logger("gasless.signer")
 

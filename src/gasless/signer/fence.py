@@ -19,9 +19,9 @@ import structlog
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gasless.core.workers import cancel_and_wait
 from gasless.db import begin_write, signer_fences
 from gasless.signer.base import RelayerKey, Signer, SignerFenced
-from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.signer")
 

@@ -53,7 +53,7 @@ from gasless.signer.pkcs11_library import (
 if TYPE_CHECKING:
     from pkcs11 import Session
 
-    from gasless.settings import Settings
+    from gasless.core.settings import Settings
 
 log = structlog.get_logger("gasless.signer")
 

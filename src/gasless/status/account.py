@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.pages import CursorCodec, PageParams, TimeWindow
 from gasless.incidents.repository import IncidentRepository
 from gasless.incidents.service import to_incident

@@ -13,8 +13,8 @@ from typing import Any
 
 import structlog
 
+from gasless.core.workers import cancel_and_wait
 from gasless.http.pages import PageParams, TimeWindow
-from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.status")
 

@@ -20,11 +20,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from gasless.chain.addresses import parse_address
 from gasless.chain.codec import tx_to_wire
+from gasless.core.errors import ApiError
+from gasless.core.workers import cancel_and_wait
 from gasless.db.engine import begin_write, dialect_insert
 from gasless.db.tables import service_meta
-from gasless.errors import ApiError
 from gasless.relay.service import RelayMode
-from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.probe")
 

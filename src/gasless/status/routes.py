@@ -8,7 +8,7 @@ from fastapi import Depends, Request
 from fastapi.responses import JSONResponse
 
 from gasless.auth.deps import AccountAccess, account_access
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.json_body import api_router
 from gasless.http.pages import PageQuery, WindowQuery
 from gasless.limits.route_classes import PUBLIC_READ, private_read

@@ -20,7 +20,7 @@ from gasless.auth.deps import (
     refuse_url_credentials,
     verify_read_credential,
 )
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.formats import Address, CommaList
 from gasless.http.json_body import api_router
 from gasless.limits.route_classes import Caller, account_rate, account_streams

@@ -20,8 +20,8 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gasless.crypto import PurposeKeys, b64url, b64url_decode
-from gasless.errors import ApiError
+from gasless.core.crypto import PurposeKeys, b64url, b64url_decode
+from gasless.core.errors import ApiError
 from gasless.streams.schemas import TOPICS
 
 log = structlog.get_logger("gasless.streams")

@@ -31,6 +31,7 @@ from sqlalchemy import Connection, and_, bindparam, delete, func, select, tuple_
 from sqlalchemy.engine import Dialect
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gasless.core.workers import cancel_and_wait
 from gasless.db.engine import (
     create_engine,
     dialect_insert,
@@ -41,7 +42,6 @@ from gasless.db.engine import (
 )
 from gasless.db.tables import latency_rollups, service_meta, usage_ledger
 from gasless.relay.intents import latency
-from gasless.workers import cancel_and_wait
 
 log = structlog.get_logger("gasless.rollups")
 

@@ -9,7 +9,7 @@ from fastapi import Depends, Path, Query, Request, Response
 
 from gasless.auth.deps import AccountAccess, ApiKeyHeader, AuthorizationHeader, read_access_to
 from gasless.chain.addresses import is_address
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.formats import SHARD, Address, AddressDoc, CommaList, TxHash, comma_list
 from gasless.http.json_body import api_router
 from gasless.http.pages import PageQuery

@@ -13,7 +13,7 @@ from typing import Any
 
 from gasless.billing.entitlement import PERIOD_MS, period_of
 from gasless.chain.addresses import shard_of
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.pages import PageParams
 from gasless.relay.intents import latency
 from gasless.usage.repository import REJECTION_RETENTION_MS, UsageFilters, UsageRepository

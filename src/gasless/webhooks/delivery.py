@@ -24,11 +24,11 @@ from typing import Any
 import aiohttp
 import structlog
 
+from gasless.core.workers import cancel_and_wait, wait_event
 from gasless.webhooks.repository import DeliveryRow, WebhookRepository
 from gasless.webhooks.service import LOG_RETENTION_MS, WebhookService
 from gasless.webhooks.signing import SIGNATURE_HEADER, signature_header
 from gasless.webhooks.ssrf import HTTPS_PORT, GuardedResolver, TargetRefused, UrlRefused
-from gasless.workers import cancel_and_wait, wait_event
 
 log = structlog.get_logger("gasless.webhooks.delivery")
 
@@ -245,7 +245,7 @@ class IntentRecorder:
     async def stop(self) -> None:
         # Write what was already observed before stopping (a clean shutdown loses nothing).
         with contextlib.suppress(Exception):
-            async with asyncio.timeout(2.0):  # not wait_for: see gasless.workers.wait_event
+            async with asyncio.timeout(2.0):  # not wait_for: see gasless.core.workers.wait_event
                 await self._drain()
         if self._task is not None:
             await cancel_and_wait(self._task)

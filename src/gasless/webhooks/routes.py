@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import Header, Path, Request, Response
 
 from gasless.auth.deps import AccountRead, AccountWrite, account_read
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.formats import VISIBLE_ASCII_KEY_PATTERN
 from gasless.http.idempotency import idempotent
 from gasless.http.json_body import api_router

@@ -15,10 +15,10 @@ from typing import Any
 
 import structlog
 
-from gasless.crypto import PurposeKeys
-from gasless.errors import ApiError
+from gasless.core.crypto import PurposeKeys
+from gasless.core.errors import ApiError
+from gasless.core.sealing import seal, unseal
 from gasless.http.pages import CursorCodec, Page, PageParams
-from gasless.sealing import seal, unseal
 from gasless.webhooks.repository import DeliveryRow, WebhookRepository, WebhookRow, WebhooksFull
 from gasless.webhooks.schemas import (
     TEST_EVENT_TYPE,

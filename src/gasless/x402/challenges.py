@@ -38,7 +38,7 @@ from x402.schemas import (
     SettleResponse,
 )
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.purchases.quotes import QuoteSigner, SignedQuote
 
 X402_VERSION = 2

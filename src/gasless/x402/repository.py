@@ -15,9 +15,9 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from gasless.core.errors import ApiError
 from gasless.db.engine import begin_write
 from gasless.db.tables import x402_payments
-from gasless.errors import ApiError
 
 T = TypeVar("T")
 

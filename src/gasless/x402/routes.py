@@ -10,7 +10,7 @@ from fastapi import Depends, Path, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader
 
-from gasless.errors import ApiError
+from gasless.core.errors import ApiError
 from gasless.http.json_body import api_router
 from gasless.limits.route_classes import PUBLIC_READ, X402_PURCHASE_IP, enforce
 from gasless.x402.challenges import Kind

@@ -29,7 +29,7 @@ from multiversx_sdk import Address, Transaction
 
 from gasless.chain.calls import contract_call
 from gasless.chain.codec import WireError, signing_bytes, tx_from_wire, verify_ed25519
-from gasless.errors import CATALOGUE, ApiError
+from gasless.core.errors import CATALOGUE, ApiError
 from gasless.mirror.repository import MirrorRepository
 from gasless.purchases.builder import Call
 from gasless.purchases.quotes import expiry_of

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from gasless.redis_client import connect_redis
+from gasless.core.redis_client import connect_redis
 
 pytestmark = pytest.mark.redis
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gasless.errors import CATALOGUE, ApiError, catalogue_document, problem_document
+from gasless.core.errors import CATALOGUE, ApiError, catalogue_document, problem_document
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 # The contract's error tables, kept by hand apart from the service's catalogue: the relay, purchase and x402
 # groups in tests/relay/conftest.py (CONTRACT_ERRORS: status, retryable, resign, details), the rest here

@@ -27,16 +27,16 @@ import structlog
 import uvicorn
 from sqlalchemy.engine import make_url
 
-from gasless.app import create_app
+from gasless.core.metrics import admin_app
+from gasless.core.settings import LOCALNET_PAYMENT_TOKEN, HostId, Settings
 from gasless.db import create_engine, current_revision
-from gasless.host import HostState
+from gasless.hosting.app import create_app
+from gasless.hosting.host import HostState
 from gasless.http.server import api_server_config
 from gasless.localnet.chain import ChainConfig
 from gasless.localnet.owner import unpause
 from gasless.localnet.server import Localnet
-from gasless.metrics import admin_app
 from gasless.notifications.mail import CaughtMail, MailCatcher
-from gasless.settings import LOCALNET_PAYMENT_TOKEN, HostId, Settings
 
 log = structlog.get_logger("gasless.serve")
 
@@ -425,7 +425,7 @@ async def serve_hosts(
     """Serve each host's API and admin port on its listeners until cancelled (the CLI cancels on SIGINT or
     SIGTERM) or until one server ends; every server shuts down cleanly either way. `on_listening` runs
     once all serve. A host that refuses its chain (gasless.chain.identity) stops every server:
-    ServiceRefused. `ready_wait_s`, `dedicated_process`: see gasless.app.create_app (the CLI's process only
+    ServiceRefused. `ready_wait_s`, `dedicated_process`: see gasless.hosting.app.create_app (the CLI's process only
     serves)."""
     built = [
         _servers(settings, listeners, log_level, ready_wait_s, dedicated_process)
@@ -506,7 +506,7 @@ async def stop_process(process: asyncio.subprocess.Process | None) -> None:
     with contextlib.suppress(ProcessLookupError):
         process.terminate()
     try:
-        async with asyncio.timeout(10):  # not wait_for: see gasless.workers.wait_event
+        async with asyncio.timeout(10):  # not wait_for: see gasless.core.workers.wait_event
             await process.wait()
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):

@@ -11,7 +11,7 @@ import os
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from gasless.crypto import PurposeKeys, b64url, b64url_decode
+from gasless.core.crypto import PurposeKeys, b64url, b64url_decode
 
 _VERSION = "v1."
 _NONCE_BYTES = 12

@@ -14,8 +14,8 @@ import requests
 from fastapi.testclient import TestClient
 from process_kit import answers, free_ports, listening, spawn
 
-from gasless.app import create_app
-from gasless.settings import Settings
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app
 
 
 def free_port() -> int:

@@ -21,8 +21,13 @@ from gasless.billing.decision import Entitlement
 from gasless.chain.gateway import gateway_session
 from gasless.compat import routes as compat_routes
 from gasless.compat.rendering import CompatErrorMiddleware
+from gasless.core.logs import quiet_sdk_loggers
+from gasless.core.loop_watch import LoopWatch, settle_heap
+from gasless.core.metrics import HostCollector, MetricsMiddleware
+from gasless.core.redis_client import connect_redis
+from gasless.core.settings import Settings
 from gasless.db import create_engine, upgrade
-from gasless.host import (
+from gasless.hosting.host import (
     Health,
     HostState,
     OpsProbe,
@@ -32,6 +37,7 @@ from gasless.host import (
     readiness,
     relayer_funds,
 )
+from gasless.hosting.startup import start_relay_core, start_webhooks, stop_relay_core
 from gasless.http.body_limit import BodyLimitMiddleware
 from gasless.http.direct import DirectRoutes, declared_route
 from gasless.http.head import HeadMiddleware
@@ -47,10 +53,7 @@ from gasless.keys.service import ApiKeyService
 from gasless.limits.buckets import RouteLimiter, RouteLimitTable, local_route_limiter
 from gasless.limits.redis_backend import redis_backends, redis_namespace
 from gasless.limits.route_classes import RateLimitHeadersMiddleware
-from gasless.logs import quiet_sdk_loggers
-from gasless.loop_watch import LoopWatch, settle_heap
 from gasless.mcp.mount import mount_mcp
-from gasless.metrics import HostCollector, MetricsMiddleware
 from gasless.mirror.follower import MIRROR_ROLE
 from gasless.mirror.views import ContractMirror
 from gasless.notices import routes as notice_routes
@@ -58,15 +61,12 @@ from gasless.notices.jobs import build_notices
 from gasless.notifications import routes as notification_routes
 from gasless.pricing import routes as pricing_routes
 from gasless.purchases import routes as purchase_routes
-from gasless.redis_client import connect_redis
 from gasless.registry import routes as registry_routes
 from gasless.relay import routes as relay_routes
 from gasless.relay.repository import IntentRepository
 from gasless.relay.schemas import transaction_schemas
-from gasless.settings import Settings
 from gasless.settlement import routes as settlement_routes
 from gasless.signer import Signer
-from gasless.startup import start_relay_core, start_webhooks, stop_relay_core
 from gasless.status import routes as status_routes
 from gasless.streams import routes as stream_routes
 from gasless.streams.service import build_stream_service
@@ -74,7 +74,7 @@ from gasless.usage import routes as usage_routes
 from gasless.webhooks import routes as webhook_routes
 from gasless.x402 import routes as x402_routes
 
-log = structlog.get_logger("gasless.app")
+log = structlog.get_logger("gasless.hosting.app")
 
 
 async def _until_ready(state: HostState, startup: asyncio.Task[None], wait_s: float) -> None:
@@ -106,9 +106,9 @@ def create_app(
     `ready_wait_s`: how long the start-up may hold off serving until the host is ready (a worker process
     restarted on its host's port, gasless.cli.api_workers); 0 serves at once, /readyz answering 503.
     `dedicated_process`: the process serves and does nothing else (`gasless serve`, `gasless up`): once the
-    host is ready, what it holds is frozen out of the cyclic collector's reach (gasless.loop_watch
+    host is ready, what it holds is frozen out of the cyclic collector's reach (gasless.core.loop_watch
     .settle_heap), and the loop's watch times each collection (`gasless_gc_pause_seconds`; why only such a
-    process: gasless.loop_watch)."""
+    process: gasless.core.loop_watch)."""
     keys = purpose_keys(settings)
     state = HostState(
         settings=settings,

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 import structlog
 
-log = structlog.get_logger("gasless.workers")
+log = structlog.get_logger("gasless.core.workers")
 
 
 RECANCEL_AFTER_S = 10.0  # longer than any worker's last write after its cancellation

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import structlog
 
-from gasless.logs import MASK, Redactor, configure_logging
+from gasless.core.logs import MASK, Redactor, configure_logging
 
 SIGNATURE = "ab" * 64
 TX_HASH = "cd" * 32

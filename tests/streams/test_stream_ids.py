@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gasless.app import HostState, create_app
-from gasless.settings import Settings
+from gasless.core.settings import Settings
+from gasless.hosting.app import HostState, create_app
 
 
 def test_event_ids_resume_only_on_the_process_that_issued_them(tmp_path: Path) -> None:

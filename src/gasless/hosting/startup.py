@@ -1,6 +1,6 @@
 """Starting one API host's parts: the relay core (network, chain identity, signer, billing, the singleton
 workers, the read services) once the process serves, and the webhook workers; stopping them. `create_app`
-(gasless.app) calls these from its lifespan."""
+(gasless.hosting.app) calls these from its lifespan."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -25,14 +26,15 @@ from gasless.chain.identity import ChainGuard, ChainIdentityRepository, ChainMis
 from gasless.chain.network import NetworkView
 from gasless.client.keys import UserKey
 from gasless.compat.service import CompatService
+from gasless.core.metrics import HostMetrics
+from gasless.core.settings import Settings
 from gasless.db.engine import autovacuum_off
 from gasless.db.leader import SingletonRunner
-from gasless.host import HostState
+from gasless.hosting.host import HostState
 from gasless.http.idempotency import IdempotencyStore
 from gasless.incidents.repository import IncidentRepository
 from gasless.limits.accounts import AccountLimiter, PlatformBudget
 from gasless.limits.buckets import Rate
-from gasless.metrics import MeteredIntentBus
 from gasless.mirror.follower import MIRROR_ROLE, MirrorFollower
 from gasless.mirror.repository import MirrorRepository
 from gasless.mirror.views import ContractMirror
@@ -53,7 +55,6 @@ from gasless.relay.relayers import RelayerPool
 from gasless.relay.repository import IntentRepository
 from gasless.relay.restored import QUIET_ROUNDS, RestoreReconciler
 from gasless.relay.service import RelayConfig, RelayService
-from gasless.settings import Settings
 from gasless.settlement.owner_tx import OwnerTransactor
 from gasless.settlement.repository import SettlementRepository
 from gasless.settlement.restored import SettlementReconciler
@@ -75,7 +76,23 @@ from gasless.x402.challenges import X402Challenges
 from gasless.x402.repository import PaymentRepository
 from gasless.x402.service import X402Service
 
-log = structlog.get_logger("gasless.app")
+log = structlog.get_logger("gasless.hosting.app")
+
+
+class MeteredIntentBus(IntentBus):
+    """The intent bus, also observing stage timings: every state change a host makes is published once,
+    by the host whose guarded update won, so each figure is observed once across hosts."""
+
+    def __init__(self, metrics: HostMetrics) -> None:
+        super().__init__()
+        self.metrics = metrics
+
+    def publish(self, row: Any) -> None:
+        super().publish(row)
+        try:
+            self.metrics.observe_intent(row)
+        except Exception as exc:  # a metric must never break the publisher
+            log.warning("stage metrics failed", error=type(exc).__name__)
 
 
 async def start_relay_core(

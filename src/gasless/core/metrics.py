@@ -24,8 +24,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, make_asgi_a
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gasless.relay.events import IntentBus
-
 log = structlog.get_logger("gasless.http.access")
 
 ASGIApp = Callable[..., Any]
@@ -136,22 +134,6 @@ class HostMetrics:
         """GatewayClient.on_failure: an answer that was not the node speaking (timeout, connection,
         http_5xx, throttled, bad_answer). A node's verdict (`transaction not found`) is not an error."""
         self.gateway_errors.labels(url, kind).inc()
-
-
-class MeteredIntentBus(IntentBus):
-    """The intent bus, also observing stage timings: every state change a host makes is published once,
-    by the host whose guarded update won, so each figure is observed once across hosts."""
-
-    def __init__(self, metrics: HostMetrics) -> None:
-        super().__init__()
-        self.metrics = metrics
-
-    def publish(self, row: Any) -> None:
-        super().publish(row)
-        try:
-            self.metrics.observe_intent(row)
-        except Exception as exc:  # a metric must never break the publisher
-            log.warning("stage metrics failed", error=type(exc).__name__)
 
 
 class HostCollector(Collector):

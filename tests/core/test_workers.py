@@ -1,4 +1,4 @@
-"""A background loop stops on one cancel(), whenever it comes: `gasless.workers.wait_event`.
+"""A background loop stops on one cancel(), whenever it comes: `gasless.core.workers.wait_event`.
 
 Every worker of a host (the tracker, the polling loops, the settlement and webhook workers, the singleton
 runner) waits for its wake-up event between ticks, and a host's stop cancels each once. On Python 3.11,
@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from gasless.workers import PollingLoop, cancel_and_wait, wait_event
+from gasless.core.workers import PollingLoop, cancel_and_wait, wait_event
 
 Waiter = Callable[[asyncio.Event], Awaitable[object]]
 

@@ -14,10 +14,10 @@ from fastapi.testclient import TestClient
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gasless.app import create_app
 from gasless.chain.gateway import GatewayClient, GatewayUnavailable
-from gasless.metrics import HostMetrics, admin_app
-from gasless.settings import Settings
+from gasless.core.metrics import HostMetrics, admin_app
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app
 
 
 def free_port() -> int:

@@ -15,10 +15,10 @@ from relay_kit import start_env  # type: ignore[import-not-found]
 from structlog.dev import ConsoleRenderer
 from structlog.testing import capture_logs
 
-from gasless.app import create_app
-from gasless.loop_watch import LoopWatch, Stall, log_stall
-from gasless.settings import Settings
-from tests.test_metrics import free_port, samples
+from gasless.core.loop_watch import LoopWatch, Stall, log_stall
+from gasless.core.settings import Settings
+from gasless.hosting.app import create_app
+from tests.core.test_metrics import free_port, samples
 
 
 def hold_the_loop(seconds: float) -> None:
@@ -48,7 +48,8 @@ async def test_a_callback_holding_the_loop_is_logged_with_its_stack() -> None:
         watch.stop()
     stall = next(s for s in stalls if any("hold_the_loop" in frame for frame in s.stack))
     assert stall.late_s >= 0.2
-    assert stall.stack[-1].startswith("tests/test_loop_watch.py:")  # the innermost frame: the sleep's line
+    # the innermost frame: the sleep's line
+    assert stall.stack[-1].startswith("core/test_loop_watch.py:")  # the last two parts of the path
     assert stall.stack[-1].endswith(" hold_the_loop")
     assert max(lags) >= 0.2
     line = next(entry for entry in logs if entry["frames"] and "hold_the_loop" in entry["frames"][-1])
@@ -98,7 +99,7 @@ async def test_a_stall_counts_the_garbage_collectors_time_apart() -> None:
 
 
 async def test_the_collector_is_timed_only_when_asked() -> None:
-    """Its callback runs Python inside any allocation (gasless.loop_watch): not registered unless wanted."""
+    """Its callback runs Python inside any allocation (gasless.core.loop_watch): not registered unless wanted."""
     watch = LoopWatch(0.05)
     watch.start()
     try:
@@ -112,12 +113,12 @@ def test_a_stall_renders_on_the_console() -> None:
     structlog's `stack` (a traceback string there)."""
     with capture_logs() as logs:
         log_stall(
-            Stall(0.25, ("gasless/relay/core.py:10 relay", "tests/test_loop_watch.py:20 hold"), 0.01, 2)
+            Stall(0.25, ("gasless/relay/core.py:10 relay", "tests/core/test_loop_watch.py:20 hold"), 0.01, 2)
         )
     (entry,) = logs
     rendered = ConsoleRenderer(colors=False)(None, "warning", dict(entry))
     assert "event loop blocked" in rendered and "gasless/relay/core.py:10 relay" in rendered
-    assert entry["frames"][-1] == "tests/test_loop_watch.py:20 hold" and entry["gc_ms"] == 10.0
+    assert entry["frames"][-1] == "tests/core/test_loop_watch.py:20 hold" and entry["gc_ms"] == 10.0
 
 
 def test_the_host_observes_its_loop_lag_unless_turned_off(tmp_path: Path) -> None:

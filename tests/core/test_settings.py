@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from gasless.settings import Settings
+from gasless.core.settings import Settings
 
 SECRET = "s" * 40
 

@@ -26,17 +26,19 @@ from gasless.chain.gateway import GatewayClient
 from gasless.chain.identity import ChainGuard
 from gasless.chain.network import NetworkView
 from gasless.compat.service import CompatService
-from gasless.crypto import PurposeKeys
+from gasless.core.crypto import PurposeKeys
+from gasless.core.errors import ApiError
+from gasless.core.metrics import HostMetrics
+from gasless.core.settings import MAX_WORKERS, Settings
+from gasless.core.workers import cancel_and_wait
 from gasless.db import ping
 from gasless.db.leader import SingletonRunner
-from gasless.errors import ApiError
 from gasless.http.idempotency import IdempotencyStore
 from gasless.http.pages import CursorCodec
 from gasless.incidents.jobs import IncidentWatch
 from gasless.incidents.service import IncidentService
 from gasless.keys.service import ApiKeyService
 from gasless.limits.buckets import RouteLimiter
-from gasless.metrics import HostMetrics
 from gasless.mirror.follower import MirrorFollower
 from gasless.mirror.repository import MirrorRepository
 from gasless.mirror.views import ContractMirror
@@ -52,7 +54,6 @@ from gasless.relay.quote import QuoteService
 from gasless.relay.relayers import RelayerPool
 from gasless.relay.repository import IntentRepository
 from gasless.relay.service import RelayService
-from gasless.settings import MAX_WORKERS, Settings
 from gasless.settlement.service import ProofService
 from gasless.settlement.worker import SettlementWorker
 from gasless.signer import FencedSigner
@@ -60,10 +61,9 @@ from gasless.signer.owner import OwnerSigner
 from gasless.streams.service import StreamService
 from gasless.webhooks.delivery import Dispatcher, IntentRecorder
 from gasless.webhooks.service import WebhookService
-from gasless.workers import cancel_and_wait
 from gasless.x402.service import X402Service
 
-log = structlog.get_logger("gasless.host")
+log = structlog.get_logger("gasless.hosting.host")
 
 T = TypeVar("T")
 
