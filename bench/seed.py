@@ -29,7 +29,9 @@ Every figure of a seeded size is printed with its ratio to the empty database's 
 10 M). `--repeat N` measures each size N times on its database, the service restarted each time: each
 figure is then the median, printed with every repeat's own, so a ratio can be read against the spread of
 the repeats of one size. Sizes and storages run one after the other on the same machine, so read the
-ratios of one run.
+ratios of one run. `--other-build <worktree>/src` measures another build on the same databases in the same
+run: every repeat runs both services one after the other, their order alternated, and a second table
+gives each figure's median for both builds and their ratio (an A/B with the builds alternated).
 
     .venv/bin/python bench/seed.py --storage sqlite --sizes 0,1000000,10000000
     .venv/bin/python bench/seed.py --storage postgresql --database-url postgresql+asyncpg://<user>@<host>/<db>
@@ -510,9 +512,10 @@ async def measure_size(
     heavy: UserSecretKey,
     database_url: str,
     sqlite_path: Path,
+    build_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     figures: dict[str, Any] = {}
-    figures["startup_s"] = await service.start(session)
+    figures["startup_s"] = await service.start(session, build_env)
     proc = service.proc
     assert proc is not None
     senders = [UserSecretKey.generate() for _ in range(args.senders)]
@@ -724,6 +727,11 @@ def _pg_lines(node: dict[str, Any], depth: int = 0) -> list[str]:
 
 
 async def run_storage(args: argparse.Namespace, storage: str, work: Path) -> dict[str, Any]:
+    other_env = None
+    if args.other_build:  # the other build's package first on the path of its services (and only theirs)
+        other_env = {
+            "PYTHONPATH": os.pathsep.join(filter(None, [args.other_build, os.environ.get("PYTHONPATH")]))
+        }
     gw_port = free_port()
     gateway = f"http://127.0.0.1:{gw_port}"
     data_dir = work / storage
@@ -819,16 +827,40 @@ async def run_storage(args: argparse.Namespace, storage: str, work: Path) -> dic
                 )
                 # Each repeat restarts the service on the same database: the spread between repeats of
                 # one size is the noise a ratio between sizes has to stand out from.
-                repeats = []
+                # With --other-build each repeat measures both builds, in alternating order (this, other;
+                # other, this; ...), so a drift of the machine during the run falls on both alike.
+                repeats: list[dict[str, Any]] = []
+                other_repeats: list[dict[str, Any]] = []
                 for repeat in range(args.repeat):
-                    if args.repeat > 1:
-                        console.print(f"measuring {count:,} intents, {repeat + 1} of {args.repeat}")
-                    repeats.append(
-                        await measure_size(
-                            args, session, service, gateway, info, heavy, database_url, sqlite_path
+                    builds: list[tuple[str, dict[str, str] | None, list[dict[str, Any]]]] = [
+                        ("this build", None, repeats)
+                    ]
+                    if other_env is not None:
+                        builds.append((f"the build at {args.other_build}", other_env, other_repeats))
+                        if repeat % 2:
+                            builds.reverse()
+                    for name, build_env, into in builds:
+                        if args.repeat > 1 or other_env is not None:
+                            console.print(
+                                f"measuring {count:,} intents, {repeat + 1} of {args.repeat}"
+                                + (f", {name}" if other_env is not None else "")
+                            )
+                        into.append(
+                            await measure_size(
+                                args,
+                                session,
+                                service,
+                                gateway,
+                                info,
+                                heavy,
+                                database_url,
+                                sqlite_path,
+                                build_env,
+                            )
                         )
-                    )
                 figures = median_figures(repeats)
+                if other_repeats:
+                    figures["other_build"] = median_figures(other_repeats)
                 figures["intents"] = count
                 figures["seeding"] = seeding
                 if size == max(sizes) and not args.no_plans:
@@ -851,6 +883,8 @@ async def run_storage(args: argparse.Namespace, storage: str, work: Path) -> dic
             with contextlib.suppress(Exception):
                 await drop_bench_database(args.database_url, url)
     report(storage, by_size, plans)
+    if other_env is not None:
+        report_builds(storage, by_size, args.other_build)
     return {"storage": storage, "sizes": by_size, "plans": plans}
 
 
@@ -940,6 +974,29 @@ def report(storage: str, by_size: dict[int, dict[str, Any]], plans: list[dict[st
             console.print(f"  FULL SCAN {p['full_scans']}: {p['sql']}")
 
 
+def report_builds(storage: str, by_size: dict[int, dict[str, Any]], other_build: str) -> None:
+    """This build against the other one, size by size: each figure's median for both and their ratio."""
+    counts = sorted(by_size)
+    table = Table(title=f"bench/seed.py on {storage}: this build against the build at {other_build}")
+    table.add_column("figure")
+    for count in counts:
+        table.add_column(f"{count:,}: this / other (ratio)", justify="right")
+    for path, label in FIGURES:
+        if path not in MEASURED:
+            continue
+        cells = []
+        for count in counts:
+            this, other = _get(by_size[count], path), _get(by_size[count]["other_build"], path)
+            ratio = this / other if other else float("nan")
+            cell = f"{this:.2f} / {other:.2f} ({ratio:.2f}x)"
+            for figures in (by_size[count], by_size[count]["other_build"]):
+                if figures.get("repeats"):
+                    cell += " [" + " ".join(f"{_get(r, path):.2f}" for r in figures["repeats"]) + "]"
+            cells.append(cell)
+        table.add_row(label, *cells)
+    console.print(table)
+
+
 def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -982,6 +1039,12 @@ def main() -> int:
         help="measure each size this many times, restarting the service on the same database: each figure "
         "is the median, printed with every repeat's own",
     )
+    parser.add_argument(
+        "--other-build",
+        default="",
+        help="the src directory of another build (a git worktree's src): every repeat also measures a "
+        "service run from it (PYTHONPATH), the builds alternated, and the two are compared size by size",
+    )
     parser.add_argument("--no-plans", action="store_true")
     parser.add_argument("--keep", action="store_true", help="keep the SQLite databases (in --work-dir)")
     parser.add_argument(
@@ -989,6 +1052,8 @@ def main() -> int:
     )
     parser.add_argument("--json", default="", help="write every figure and plan here")
     args = parser.parse_args()
+    if args.other_build and not (Path(args.other_build) / "gasless" / "__init__.py").is_file():
+        parser.error("--other-build names a src directory: one holding gasless/__init__.py")
     if args.sample_idle and shutil.which("py-spy") is None:
         parser.error("--sample-idle needs py-spy on PATH (pip install py-spy into any environment)")
     storages = ["sqlite", "postgresql"] if args.storage == "both" else [args.storage]

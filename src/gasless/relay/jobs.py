@@ -47,8 +47,11 @@ LOOK_AFTER_ROUNDS = 5
 REJECTION_RETENTION_MS = 30 * 86_400_000
 # A round's moves are written in transactions of at most this many intents. SQLite has one writer: every
 # commit point that arrives while a round's transaction runs waits for its end, and a round at half the
-# maximum load (hundreds of executions and finalizations) held it long enough to be the relays' p99.
-ROUND_PART_INTENTS = 64
+# maximum load (hundreds of executions and finalizations) held it long enough to be the relays' p99. A
+# part's time grows with the tables: each usage row and settled reservation lands on index leaves at
+# random keys, which on 10 M rows are seldom cached (a part of 64 took 26 ms on average there, 5 on an
+# empty database; docs/performance.md, "Cost as the data grows"), so parts are kept small.
+ROUND_PART_INTENTS = 16
 
 
 def now_ms() -> int:
