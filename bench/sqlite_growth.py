@@ -35,7 +35,7 @@ from rich.table import Table
 
 from gasless.db.engine import _sqlite_on_connect  # the service's own connection set-up
 
-console = Console()
+console = Console(width=150)  # the table whole, in a terminal or a file
 SMALL_INTENTS = 10_000
 
 
