@@ -120,3 +120,17 @@ def test_core_loads_without_any_other_package_of_the_service() -> None:
         if not imported.startswith("gasless.core") and imported != "gasless"
     }
     assert sorted(outside) == []
+
+
+def test_the_http_platform_and_the_limits_depend_on_no_domain() -> None:
+    """`http` and `limits` load with `core`, `db` and `chain`'s formats only (docs/architecture.md)."""
+    modules = _modules()
+    allowed = ("gasless.core", "gasless.http", "gasless.limits", "gasless.db", "gasless.chain")
+    outside = {
+        f"{name} -> {imported}"
+        for name, path in modules.items()
+        if name.startswith(("gasless.http", "gasless.limits"))
+        for imported in _load_time_imports(name, path, modules)
+        if not imported.startswith(allowed) and imported != "gasless"
+    }
+    assert sorted(outside) == []

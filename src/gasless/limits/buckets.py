@@ -24,6 +24,10 @@ from typing import Protocol
 
 from gasless.core.errors import ApiError
 
+# The Starter's rate class: the request limits of an address without a running plan (classes 1..6 key the
+# route-class table below; the contract's tiers name theirs).
+DEFAULT_RATE_CLASS = 1
+
 # A refused stream has no time at which a slot frees up; clients are told to look again after this long.
 STREAM_RETRY_MS = 1_000
 

@@ -23,8 +23,7 @@ from fastapi import Depends, Request
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gasless.limits.buckets import Decision, RouteLimiter
-from gasless.mirror.views import DEFAULT_RATE_CLASS
+from gasless.limits.buckets import DEFAULT_RATE_CLASS, Decision, RouteLimiter
 
 STATE_KEY = "rate_limit"
 

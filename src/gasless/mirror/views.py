@@ -13,10 +13,9 @@ import structlog
 from gasless.chain.abi import decode_outputs, load_billing_abi, load_pair_abi
 from gasless.chain.addresses import address_of, parse_address
 from gasless.chain.gateway import GatewayClient, GatewayRejected, GatewayUnavailable
+from gasless.limits.buckets import DEFAULT_RATE_CLASS
 
 log = structlog.get_logger("gasless.entitlement")
-
-DEFAULT_RATE_CLASS = 1  # the Starter's: request limits by class for an address without a running plan
 
 
 class _Cached:

@@ -11,7 +11,8 @@ from typing import Any
 
 import structlog
 
-from gasless.mirror.views import DEFAULT_RATE_CLASS, ContractMirror
+from gasless.limits.buckets import DEFAULT_RATE_CLASS
+from gasless.mirror.views import ContractMirror
 from gasless.relay.intents import intent_from_row
 from gasless.streams.fanout import RedisFanout
 from gasless.streams.hub import StreamHub
