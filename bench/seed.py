@@ -951,9 +951,8 @@ def report(storage: str, by_size: dict[int, dict[str, Any]], plans: list[dict[st
             value = _get(by_size[count], path)
             ratio = value / _get(by_size[base], path) if _get(by_size[base], path) else float("nan")
             cell = f"{value:.2f}" + ("" if count == base else f" ({ratio:.2f}x)")
-            repeats = by_size[count].get("repeats", [])
-            if repeats and path in MEASURED:  # the median, then every repeat's own figure
-                cell += " [" + " ".join(f"{_get(r, path):.2f}" for r in repeats) + "]"
+            if path in MEASURED:  # the median, then every repeat's own figure
+                cell += _repeats_cell(by_size[count], path)
             cells.append(cell)
         table.add_row(label, *cells)
     console.print(table)
@@ -974,6 +973,12 @@ def report(storage: str, by_size: dict[int, dict[str, Any]], plans: list[dict[st
             console.print(f"  FULL SCAN {p['full_scans']}: {p['sql']}")
 
 
+def _repeats_cell(figures: dict[str, Any], path: str) -> str:
+    """` [a b c]`: every repeat's own figure after the median, or nothing for a single measurement."""
+    repeats = figures.get("repeats", [])
+    return " [" + " ".join(f"{_get(r, path):.2f}" for r in repeats) + "]" if repeats else ""
+
+
 def report_builds(storage: str, by_size: dict[int, dict[str, Any]], other_build: str) -> None:
     """This build against the other one, size by size: each figure's median for both and their ratio."""
     counts = sorted(by_size)
@@ -990,8 +995,7 @@ def report_builds(storage: str, by_size: dict[int, dict[str, Any]], other_build:
             ratio = this / other if other else float("nan")
             cell = f"{this:.2f} / {other:.2f} ({ratio:.2f}x)"
             for figures in (by_size[count], by_size[count]["other_build"]):
-                if figures.get("repeats"):
-                    cell += " [" + " ".join(f"{_get(r, path):.2f}" for r in figures["repeats"]) + "]"
+                cell += _repeats_cell(figures, path)
             cells.append(cell)
         table.add_row(label, *cells)
     console.print(table)

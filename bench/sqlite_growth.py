@@ -22,6 +22,7 @@ The rows inserted are deleted again at the end, so the seeded database can be me
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sqlite3
 import statistics
@@ -66,6 +67,11 @@ def small_copy(seeded: Path, into: Path) -> None:
     conn.execute("DETACH seeded")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.close()
+
+
+def intents_in(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return int(conn.execute("SELECT count(*) FROM intents").fetchone()[0])
 
 
 class Inserter:
@@ -149,7 +155,7 @@ def main() -> None:
         sizes = {
             "seeded": (
                 args.database,
-                int(sqlite3.connect(args.database).execute("SELECT count(*) FROM intents").fetchone()[0]),
+                intents_in(args.database),
             ),
             "small": (small, SMALL_INTENTS),
         }
