@@ -201,6 +201,29 @@ class RunningLocalnet:
         self.loop.call_soon_threadsafe(run)
         return future.result(10)
 
+    def wait_rounds(self, rounds: int, timeout: float = 30.0) -> None:
+        """Wait until the chain has produced `rounds` more rounds: a negative check ("nothing was sent")
+        then holds whatever the machine's load, where a fixed sleep may end before the rounds did."""
+        import time
+
+        target = int(self.call(lambda: self.net.chain.round)) + rounds
+        deadline = time.monotonic() + timeout
+        while int(self.call(lambda: self.net.chain.round)) < target:
+            assert time.monotonic() < deadline, f"the localnet produced no {rounds} rounds in {timeout} s"
+            time.sleep(0.02)
+
+    def requests_counted(self, *routes: str) -> int:
+        """How many requests all the gateways received on these routes ("POST /transaction/send")."""
+        import json
+        import urllib.request
+
+        total = 0
+        for url in self.urls:
+            with urllib.request.urlopen(f"{url}/localnet/requests", timeout=10) as answer:
+                counted = json.load(answer)["data"]["requests"]
+            total += sum(int(counted.get(route, 0)) for route in routes)
+        return total
+
     def __enter__(self) -> RunningLocalnet:
         return self
 

@@ -112,7 +112,11 @@ def test_gateway_faults_latency_errors_and_down(localnet) -> None:  # type: igno
         localnet.url, "/localnet/faults", {"gateway": {"latencyMs": {}, "errorRate": 1.0, "errorStatus": 502}}
     )
     assert requests.get(f"{localnet.url}/network/config", timeout=5).status_code == 502
-    post(localnet.url, "/localnet/faults", {"gateway": {"errorRate": 0.0, "down": True}})
+    # Only the sends fail: the reads pass.
+    post(localnet.url, "/localnet/faults", {"gateway": {"errorPaths": ["/transaction/send"]}})
+    assert requests.get(f"{localnet.url}/network/config", timeout=5).status_code == 200
+    assert requests.post(f"{localnet.url}/transaction/send", json={}, timeout=5).status_code == 502
+    post(localnet.url, "/localnet/faults", {"gateway": {"errorRate": 0.0, "errorPaths": [], "down": True}})
     response = requests.get(f"{localnet.url}/network/config", timeout=5)
     assert response.status_code == 503 and response.json()["code"] == "internal_issue"
     requests.delete(f"{localnet.url}/localnet/faults", timeout=5)

@@ -49,7 +49,7 @@ def submissions(env: Any, tx_hash: str) -> int:
 
 
 def assert_nothing_sent(env: Any, sender: Any) -> None:
-    time.sleep(0.3)  # a few rounds: anything sent would have landed in the pool or executed
+    env.localnet.wait_rounds(3)  # anything sent would have landed in the pool or executed by then
     assert chain_nonce(env, sender.address) == 0
     assert pooled(env, sender.address) == 0
 
@@ -107,17 +107,21 @@ def test_gateway_5xx_on_send_then_recovery(env: Any) -> None:
     sender = env.new_sender(1)
     assignment = env.assign(sender)
     tx = env.build(sender, assignment)
-    # errorRate applies to every path, so the reads must pass first: the send is slowed down and the
-    # gateway starts answering 502 while it waits; every later send fails until the fault clears.
-    env.faults(gateway={"latencyMs": {"/transaction/send": 300}})
-    breaker = threading.Timer(0.15, lambda: env.faults(gateway={"errorRate": 1.0, "errorStatus": 502}))
-    breaker.start()
+    sends = ("POST /transaction/send", "POST /transaction/send-multiple")
+    sent_before = env.localnet.requests_counted(*sends)
+    # Every send is answered 502 while the reads pass: the intent is committed, so the answer is 202.
+    env.faults(gateway={"errorRate": 1.0, "errorStatus": 502, "errorPaths": ["/transaction/send"]})
     response = env.relay(tx, assignment["lease"])
-    breaker.join()
     assert response.status_code == 202, response.text
-    time.sleep(1.0)
-    assert pooled(env, sender.address) == 0  # nothing reached the chain while the gateway failed
-    env.faults(gateway={"errorRate": 0.0, "latencyMs": {"/transaction/send": 0}})
+    assert response.json()["state"] == "COSIGNED"
+    # The tracker sends again (and is refused again): nothing reached the chain while the gateway failed.
+    deadline = time.monotonic() + 30
+    while env.localnet.requests_counted(*sends) < sent_before + 2:
+        assert time.monotonic() < deadline, "the tracker sent the transaction no second time"
+        time.sleep(0.05)
+    assert submissions(env, response.json()["txHash"]) == 0
+    assert pooled(env, sender.address) == 0
+    env.faults(gateway={"errorRate": 0.0, "errorPaths": []})
     assert_accepted_then_final(env, response)
 
 

@@ -75,7 +75,7 @@ def gateway(env: Any, path: str) -> Any:
 
 def assert_untouched(env: Any, address: str) -> None:
     """Nothing reached the network for `address`: nonce 0 and an empty pool on the localnet gateway."""
-    time.sleep(0.3)
+    env.localnet.wait_rounds(3)  # anything sent would have reached the pool or executed by then
     assert int(gateway(env, f"/address/{address}/nonce")["nonce"]) == 0
     assert gateway(env, f"/transaction/pool?by-sender={address}&fields=hash")["txPool"]["transactions"] == []
 

@@ -32,6 +32,7 @@ class GatewayFaults:
     jitter_ms: int = 0  # each request also waits a random 0..jitter_ms: concurrent answers come out of order
     error_rate: float = 0.0  # share of requests answered 5xx before anything is processed
     error_status: int = 500
+    error_paths: list[str] = field(default_factory=list)  # path prefixes error_rate applies to; empty: all
     drop_acks: int = 0  # the next N send acknowledgements are withheld (-1: all); the tx IS accepted
     ack_hang_ms: int = 30_000
     # The sender shard's observers all failed: the proxy answers the pool by sender `{"txPool": null}`, 200
@@ -51,6 +52,10 @@ class GatewayFaults:
             if prefix != "*" and path.startswith(prefix) and len(prefix) > best_len:
                 best, best_len = ms, len(prefix)
         return best
+
+    def errs(self, path: str) -> bool:
+        """Whether `error_rate` applies to a request for `path`."""
+        return not self.error_paths or any(path.startswith(prefix) for prefix in self.error_paths)
 
 
 FAULTS_KEY: web.AppKey[GatewayFaults] = web.AppKey("faults", GatewayFaults)
@@ -80,7 +85,7 @@ async def fault_middleware(request: web.Request, handler: Handler) -> web.Stream
         delay += request.app[RNG_KEY].randint(0, faults.jitter_ms)
     if delay:
         await asyncio.sleep(delay / 1000)
-    if faults.error_rate and request.app[RNG_KEY].random() < faults.error_rate:
+    if faults.error_rate and faults.errs(request.path) and request.app[RNG_KEY].random() < faults.error_rate:
         return fail("injected failure", status=faults.error_status)
     if faults.pool_null and request.path == "/transaction/pool" and request.query.get("by-sender"):
         return ok({"txPool": None})
@@ -230,6 +235,8 @@ async def set_faults(request: web.Request) -> web.Response:
             faults.error_rate = min(1.0, max(0.0, float(gateway["errorRate"])))
         if "errorStatus" in gateway:
             faults.error_status = int(gateway["errorStatus"])
+        if "errorPaths" in gateway:
+            faults.error_paths = [str(prefix) for prefix in gateway["errorPaths"]]
         if "dropAcks" in gateway:
             faults.drop_acks = int(gateway["dropAcks"])
         if "ackHangMs" in gateway:
