@@ -162,6 +162,37 @@ def test_served_document_is_the_built_one_and_is_cached(app: FastAPI, document: 
     assert client.get("/openapi.json").content == first.content
 
 
+def test_apps_with_the_same_routes_share_one_generation_and_a_new_chain_gets_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gasless.http import openapi
+
+    generated: list[str] = []
+    generate = openapi._generate
+
+    def counted(app: FastAPI, *args: Any) -> dict[str, Any]:
+        generated.append(app.title)
+        return generate(app, *args)
+
+    monkeypatch.setattr(openapi, "_generate", counted)
+    monkeypatch.setattr(openapi, "_BUILT", {})
+    gateway = [f"http://127.0.0.1:{free_port()}"]
+    first = create_app(Settings(data_dir=tmp_path / "a", gateway_urls=gateway)).openapi()
+    second = create_app(Settings(data_dir=tmp_path / "b", gateway_urls=gateway)).openapi()
+    assert len(generated) == 1 and second == first
+    second["info"]["title"] = "changed"  # each app holds its own copy
+    again = create_app(Settings(data_dir=tmp_path / "c", gateway_urls=gateway)).openapi()
+    assert again == first and again["info"]["title"] == "gasless"
+    mainnet = create_app(
+        Settings(data_dir=tmp_path / "d", profile="mainnet", master_secret="m" * 32)
+    ).openapi()
+    assert len(generated) == 2
+    chain_ids = {
+        d["components"]["schemas"]["Transaction"]["properties"]["chainID"]["const"] for d in (first, mainnet)
+    }
+    assert chain_ids == {"localnet", "1"}
+
+
 # 2. Snapshot ---------------------------------------------------------------------------------------------
 def test_contract_matches_the_committed_snapshot(document: dict[str, Any]) -> None:
     expected = json.loads(SNAPSHOT.read_text())

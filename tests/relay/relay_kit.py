@@ -302,10 +302,43 @@ def relay_settings(tmp_path: Path, localnet: Any, **overrides: Any) -> Settings:
     return Settings(**values)
 
 
+_MIGRATED_SQLITE: list[bytes] = []  # this process's SQLite database migrated to head, once
+
+
+def migrated_sqlite(path: Path) -> None:
+    """Create the SQLite database `path` as a copy of one this process migrated to head: a host then starts
+    on a database at head (a restart's case) instead of running every migration again, a fifth of a second of
+    CPU per test. Fresh databases are migrated by the tests of `gasless serve`/`up`, tests/db and the
+    PostgreSQL envs."""
+    if not _MIGRATED_SQLITE:
+        import sqlite3
+        import tempfile
+
+        from gasless.db.migrate import upgrade
+
+        with tempfile.TemporaryDirectory() as scratch:
+            template = Path(scratch) / "template.db"
+            # In a thread of its own: a caller inside a running event loop cannot asyncio.run.
+            migrating = threading.Thread(
+                target=asyncio.run, args=(upgrade(f"sqlite+aiosqlite:///{template}"),)
+            )
+            migrating.start()
+            migrating.join()
+            with sqlite3.connect(template) as conn:
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.close()
+            _MIGRATED_SQLITE.append(template.read_bytes())
+    path.parent.mkdir(parents=True, exist_ok=True)  # the data directory, as the host would make it
+    path.write_bytes(_MIGRATED_SQLITE[0])
+
+
 def start_env(
     tmp_path: Path, localnet: Any, *, app_kwargs: dict[str, Any] | None = None, **overrides: Any
 ) -> Iterator[RelayEnv]:
     settings = relay_settings(tmp_path, localnet, **overrides)
+    database = tmp_path / "api.db"
+    if settings.database_url == f"sqlite+aiosqlite:///{database.as_posix()}" and not database.exists():
+        migrated_sqlite(database)
     contract = localnet.net.info["contract"]
     kwargs: dict[str, Any] = {"route_limits": unthrottled_limits(), **(app_kwargs or {})}
     with TestClient(create_app(settings, **kwargs)) as client:

@@ -13,19 +13,23 @@ for, for every route, including routes added later:
   429, `Cache-Control`/`ETag` on cached reads, `PAYMENT-REQUIRED` on 402);
 - event streams documented as `text/event-stream`.
 
-The document is built once, on the first request for it, and cached on the app.
+The document is built once, on the first request for it, and cached on the app; a process that builds
+several apps with the same routes (API workers restarting, the test suite) generates it once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
+import json
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute, iter_route_contexts
 from pydantic import BaseModel
 
 from gasless.core.errors import CATALOGUE, PROBLEM_MEDIA_TYPE
@@ -328,14 +332,90 @@ def _has_own_content(response: Mapping[str, Any]) -> bool:
     return bool(content) and PROBLEM_MEDIA_TYPE not in content
 
 
+# Documents built in this process, by what they were built from (`_built_from`): FastAPI's generator costs
+# 0.5-0.9 s of CPU a build, about half of building a host's app, and every app of a process has the same
+# routes. A few entries at most (one per chain id in practice).
+_BUILT: dict[tuple[Any, ...], dict[str, Any]] = {}
+_BUILT_KEPT = 8
+_BUILT_LOCK = threading.Lock()  # documents are also built off the event loop (`openapi_document`)
+
+
+def _built_from(
+    app: FastAPI, models: tuple[type[BaseModel], ...], extra_schemas: Mapping[str, Mapping[str, Any]] | None
+) -> tuple[Any, ...]:
+    """Everything the generator reads, per route as FastAPI resolves it (included routers' prefixes and
+    dependencies applied): two apps with equal keys have the same document. The endpoint is keyed by its
+    code, so an app-local route (a closure made again for each app) matches its twin in another app."""
+    routes = []
+    for context in iter_route_contexts(app.routes):
+        if not isinstance(context.original_route, APIRoute):
+            continue  # the generator documents API routes only (`/mcp` is a plain route, made per app)
+        endpoint = getattr(context, "endpoint", None)
+        routes.append(
+            (
+                type(context.original_route),
+                getattr(context, "path", None),
+                tuple(sorted(getattr(context, "methods", None) or ())),
+                getattr(endpoint, "__code__", endpoint),
+                *(
+                    repr(getattr(context, name, None))
+                    for name in (
+                        "operation_id",
+                        "response_model",
+                        "responses",
+                        "status_code",
+                        "response_class",
+                        "response_description",
+                        "dependencies",
+                        "tags",
+                        "summary",
+                        "description",
+                        "deprecated",
+                        "include_in_schema",
+                        "openapi_extra",
+                        "callbacks",
+                    )
+                ),
+            )
+        )
+    return (
+        tuple(routes),
+        app.title,
+        repr(app.openapi_tags),
+        repr(app.servers),
+        app.separate_input_output_schemas,
+        models,
+        json.dumps(extra_schemas, sort_keys=True, default=repr),
+    )
+
+
 def build_document(
     app: FastAPI,
     extra_models: Iterable[type[BaseModel]] = (),
     extra_schemas: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """The whole document for `app` (not cached; `install_openapi` caches it). `extra_schemas` are
-    components written as JSON schemas (named by their key), beside the shared formats (`Address`,
-    `TxHash`, `IntentId`, http/formats.py)."""
+    """The whole document for `app` (`install_openapi` caches it on the app), a copy of the one built for an
+    app with the same routes earlier in this process if there was one. `extra_schemas` are components
+    written as JSON schemas (named by their key), beside the shared formats (`Address`, `TxHash`,
+    `IntentId`, http/formats.py)."""
+    models = tuple(extra_models)
+    key = _built_from(app, models, extra_schemas)
+    with _BUILT_LOCK:
+        built = _BUILT.get(key)
+    if built is None:
+        built = _generate(app, models, extra_schemas)
+        with _BUILT_LOCK:
+            while len(_BUILT) >= _BUILT_KEPT:
+                _BUILT.pop(next(iter(_BUILT)))
+            _BUILT[key] = built
+    return copy.deepcopy(built)
+
+
+def _generate(
+    app: FastAPI,
+    extra_models: tuple[type[BaseModel], ...],
+    extra_schemas: Mapping[str, Mapping[str, Any]] | None,
+) -> dict[str, Any]:
     document = get_openapi(
         title=app.title,
         version=API_VERSION,
