@@ -6,14 +6,19 @@ oversized batches, `relay://pricing` byte for byte as `GET /v1/pricing`, tool er
 from __future__ import annotations
 
 import json
+import sys
 import time
+import urllib.request
+from pathlib import Path
 from typing import Any
 
 import anyio
 import requests
 from mcp import Client
+from relay_kit import ServedApi, unthrottled_limits  # type: ignore[import-not-found]
 
 from gasless.core.errors import CATALOGUE
+from gasless.hosting.app import create_app
 from gasless.mcp.schemas import STANDARD_FORMATS
 
 TOOLS = {"validate_transaction", "relay_batch", "assign_relayer", "quote", "get_intent", "get_network"}
@@ -380,3 +385,27 @@ def test_gasless_mcp_starts_before_its_api_and_answers_once_it_does(late_api: An
     assert json.loads(errors.contents[0].text)["errors"]
     assert not after.is_error, after
     assert after.structured_content["chainId"] == "localnet"
+
+
+def test_the_server_is_built_on_the_first_mcp_request_and_its_sessions_end_with_the_host(
+    unpaused_localnet: Any, tmp_path: Path
+) -> None:
+    kit = sys.modules["gasless_tests_relay_conftest"]
+    settings = kit.relay_settings(tmp_path, unpaused_localnet)
+    served = ServedApi(create_app(settings, route_limits=unthrottled_limits())).start()
+    try:
+        mcp = served.app.state.host.mcp
+        # Ready, serving its routes and its OpenAPI document, and no MCP server yet: start-up never pays for it.
+        with urllib.request.urlopen(f"{served.url}/openapi.json", timeout=10) as answer:
+            assert answer.status == 200
+        assert mcp.server is None
+
+        async def names(client: Any) -> list[str]:
+            return [tool.name for tool in (await client.list_tools()).tools]
+
+        assert "relay_batch" in with_client(f"{served.url}/mcp", names)
+        assert mcp.server is not None
+        assert with_client(f"{served.url}/mcp", names) == with_client(f"{served.url}/mcp", names)
+    finally:
+        served.stop()
+    assert mcp._sessions is not None and mcp._sessions.done() and mcp._sessions.exception() is None

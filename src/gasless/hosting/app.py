@@ -181,9 +181,11 @@ def create_app(
                 )
             if ready_wait_s > 0:
                 await _until_ready(state, startup, ready_wait_s)
-            assert state.mcp is not None
-            async with state.mcp.session_manager.run():  # /mcp: the mounted MCP server's sessions
+            try:
                 yield
+            finally:
+                assert state.mcp is not None
+                await state.mcp.stop()  # /mcp: the MCP server's sessions, when one was asked for
         finally:
             if startup is not None and not startup.done():
                 startup.cancel()
@@ -315,7 +317,8 @@ def create_app(
             [relayer_funds(info) for info in state.relayers.all()] if state.relayers is not None else [],
         )
 
-    # Last: the MCP tools' schemas come from the finished OpenAPI document.
+    # Last: `/mcp` after every route; its server (tools whose schemas come from the finished OpenAPI document)
+    # is built on the first MCP request.
     recorder = app.state.problem_recorder
     state.mcp = mount_mcp(
         app, docs_url=settings.docs_url, on_problems=recorder.record if recorder is not None else None

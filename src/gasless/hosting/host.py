@@ -7,11 +7,10 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import aiohttp
 import structlog
-from mcp.server.mcpserver import MCPServer
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -62,6 +61,9 @@ from gasless.streams.service import StreamService
 from gasless.webhooks.delivery import Dispatcher, IntentRecorder
 from gasless.webhooks.service import WebhookService
 from gasless.x402.service import X402Service
+
+if TYPE_CHECKING:
+    from gasless.mcp.mount import LazyMcp
 
 log = structlog.get_logger("gasless.hosting.host")
 
@@ -162,7 +164,7 @@ class HostState:
     assign_service: AssignService | None = None
     quote_service: QuoteService | None = None
     pricing: PricingService | None = None
-    mcp: MCPServer | None = None  # /mcp (gasless.mcp.mount)
+    mcp: LazyMcp | None = None  # /mcp (gasless.mcp.mount)
     purchases: PurchaseService | None = None
     x402: X402Service | None = None
     compat: CompatService | None = (
