@@ -25,6 +25,41 @@ def hold_the_loop(seconds: float) -> None:
     time.sleep(seconds)  # the stall under test: a callback that never awaits
 
 
+async def test_a_stack_that_cannot_be_walked_does_not_end_the_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gasless.core import loop_watch
+
+    walks: list[int] = []
+    extract = loop_watch.traceback.extract_stack
+
+    def racing(frame: Any) -> Any:
+        walks.append(1)
+        if len(walks) == 1:  # the loop's frame changed under the walk (AttributeError: f_lineno)
+            raise AttributeError("f_lineno")
+        return extract(frame)
+
+    monkeypatch.setattr(loop_watch.traceback, "extract_stack", racing)
+    stalls: list[Stall] = []
+    held = asyncio.Event()
+
+    def on_stall(stall: Stall) -> None:
+        stalls.append(stall)
+        if any("hold_the_loop" in frame for frame in stall.stack):
+            held.set()
+
+    watch = LoopWatch(0.05, observe=lambda _late: None, on_stall=on_stall)
+    watch.start()
+    try:
+        # The first stall's walk fails: it is reported without a stack; the watch goes on and the next
+        # stall has its stack.
+        asyncio.get_running_loop().call_soon(hold_the_loop, 0.3)
+        await asyncio.sleep(0)
+        asyncio.get_running_loop().call_soon(hold_the_loop, 0.3)
+        await asyncio.wait_for(held.wait(), timeout=30)
+    finally:
+        watch.stop()
+    assert len(walks) >= 2
+
+
 async def test_a_callback_holding_the_loop_is_logged_with_its_stack() -> None:
     stalls: list[Stall] = []
     held = asyncio.Event()

@@ -148,7 +148,12 @@ class LoopWatch:
             frame = frames().get(self._loop_thread)
             if frame is None:
                 continue
-            summary = traceback.extract_stack(frame)[-STACK_FRAMES:]
+            try:
+                summary = traceback.extract_stack(frame)[-STACK_FRAMES:]
+            except Exception:  # noqa: BLE001 - the loop ran on while its frames were walked; next beat
+                # Walking a running thread's frames races it: a frame left meanwhile can answer
+                # `f_lineno` with AttributeError (seen once under a loaded test suite).
+                continue
             stack = tuple(f"{_module_path(entry.filename)}:{entry.lineno} {entry.name}" for entry in summary)
             self._sampled = (due, stack)
 
