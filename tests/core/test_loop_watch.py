@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -15,7 +16,7 @@ from relay_kit import start_env  # type: ignore[import-not-found]
 from structlog.dev import ConsoleRenderer
 from structlog.testing import capture_logs
 
-from gasless.core.loop_watch import LoopWatch, Stall, log_stall
+from gasless.core.loop_watch import LoopWatch, Stall, log_stall, thread_stack
 from gasless.core.settings import Settings
 from gasless.hosting.app import create_app
 from tests.core.test_metrics import free_port, samples
@@ -25,39 +26,40 @@ def hold_the_loop(seconds: float) -> None:
     time.sleep(seconds)  # the stall under test: a callback that never awaits
 
 
-async def test_a_stack_that_cannot_be_walked_does_not_end_the_watch(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gasless.core import loop_watch
+def test_another_threads_stack_is_read_whole_while_it_runs() -> None:
+    """Read while the thread enters and leaves frames all the time (walking its frames from Python crashed
+    the process once), and while it waits in a known place."""
+    stop = threading.Event()
 
-    walks: list[int] = []
-    extract = loop_watch.traceback.extract_stack
+    def churn(depth: int) -> int:
+        return 0 if depth == 0 else churn(depth - 1) + 1
 
-    def racing(frame: Any) -> Any:
-        walks.append(1)
-        if len(walks) == 1:  # the loop's frame changed under the walk (AttributeError: f_lineno)
-            raise AttributeError("f_lineno")
-        return extract(frame)
+    def busy() -> None:
+        while not stop.is_set():
+            churn(40)
 
-    monkeypatch.setattr(loop_watch.traceback, "extract_stack", racing)
-    stalls: list[Stall] = []
-    held = asyncio.Event()
+    def blocked_here() -> None:
+        stop.wait(60)
 
-    def on_stall(stall: Stall) -> None:
-        stalls.append(stall)
-        if any("hold_the_loop" in frame for frame in stall.stack):
-            held.set()
-
-    watch = LoopWatch(0.05, observe=lambda _late: None, on_stall=on_stall)
-    watch.start()
+    threads = [threading.Thread(target=busy), threading.Thread(target=blocked_here)]
+    for thread in threads:
+        thread.start()
     try:
-        # The first stall's walk fails: it is reported without a stack; the watch goes on and the next
-        # stall has its stack.
-        asyncio.get_running_loop().call_soon(hold_the_loop, 0.3)
-        await asyncio.sleep(0)
-        asyncio.get_running_loop().call_soon(hold_the_loop, 0.3)
-        await asyncio.wait_for(held.wait(), timeout=30)
+        for _ in range(300):
+            stack = thread_stack(threads[0].ident or 0)
+            assert "threading.py:" in stack[0] and stack[0].endswith(" _bootstrap"), stack
+            assert any(frame.endswith((" busy", " churn")) for frame in stack), stack
+        waiting = thread_stack(threads[1].ident or 0)
+        assert any(
+            frame.startswith("core/test_loop_watch.py:") and frame.endswith(" blocked_here")
+            for frame in waiting
+        )
+        assert "threading.py:" in waiting[-1], waiting  # innermost last: the Event's wait
     finally:
-        watch.stop()
-    assert len(walks) >= 2
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert thread_stack(threads[0].ident or 0) == ()  # gone
 
 
 async def test_a_callback_holding_the_loop_is_logged_with_its_stack() -> None:

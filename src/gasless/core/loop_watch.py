@@ -21,11 +21,12 @@ beside a host's thread) does, so only serving processes ask for it (`create_app(
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import gc
-import sys
+import re
+import tempfile
 import threading
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -138,24 +139,45 @@ class LoopWatch:
             self._schedule(now)  # whatever a callback raised, the watch goes on
 
     def _watch(self) -> None:
-        frames = sys._current_frames  # the documented way to read another thread's stack
         while not self._stopping.wait(self.period_s / 2):
             due = self._due
             if time.monotonic() - due <= self.threshold_s:
                 continue
             if self._sampled is not None and self._sampled[0] == due:
                 continue  # this stall is sampled already
-            frame = frames().get(self._loop_thread)
-            if frame is None:
-                continue
-            try:
-                summary = traceback.extract_stack(frame)[-STACK_FRAMES:]
-            except Exception:  # noqa: BLE001 - the loop ran on while its frames were walked; next beat
-                # Walking a running thread's frames races it: a frame left meanwhile can answer
-                # `f_lineno` with AttributeError (seen once under a loaded test suite).
-                continue
-            stack = tuple(f"{_module_path(entry.filename)}:{entry.lineno} {entry.name}" for entry in summary)
-            self._sampled = (due, stack)
+            stack = thread_stack(self._loop_thread)
+            if stack:
+                self._sampled = (due, stack[-STACK_FRAMES:])
+
+
+# A thread's block in faulthandler's dump: `Thread 0x00007f... (most recent call first):` (`Current thread`
+# for the caller's own), then one `  File "<path>", line <n> in <name>` a frame, innermost first.
+_FRAME_LINE = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.*)$')
+
+
+def thread_stack(ident: int) -> tuple[str, ...]:
+    """Another thread's stack now, outermost first, as `<module path>:<line> <function>` (empty when the
+    thread has gone). Read by faulthandler, in C and without letting the thread run meanwhile: walking its
+    frames from Python (`sys._current_frames()`, then `f_back`) races the thread, which can leave a frame
+    while it is read; on Python 3.11 that crashed the process (a segmentation fault in `walk_stack`, seen
+    under a loaded test suite) or answered a frame's `f_lineno` with AttributeError."""
+    with tempfile.TemporaryFile() as dump:
+        faulthandler.dump_traceback(dump, all_threads=True)
+        dump.seek(0)
+        text = dump.read().decode("utf-8", "replace")
+    header = f"0x{ident:016x} (most recent call first):"
+    frames: list[str] = []
+    inside = False
+    for line in text.splitlines():
+        if line.startswith(("Thread 0x", "Current thread 0x")):
+            if inside:
+                break
+            inside = line.endswith(header)
+        elif inside:
+            found = _FRAME_LINE.match(line)
+            if found is not None:
+                frames.append(f"{_module_path(found['file'])}:{found['line']} {found['name']}")
+    return tuple(reversed(frames))
 
 
 def settle_heap() -> None:
