@@ -16,12 +16,11 @@ from multiversx_sdk import Transaction
 from gasless.billing.policy import MAX_DATA_BYTES_SELF_SERVE
 from gasless.billing.schedule import RU_SCHEDULE_VERSION
 from gasless.chain.addresses import InvalidAddress, parse_address, shard_of_pubkey
-from gasless.chain.codec import WireError, signing_bytes, tx_from_wire
+from gasless.chain.codec import INT64_MAX, WireError, signing_bytes, tx_from_wire
 from gasless.chain.gas import OPTION_GUARDED, OPTION_HASH_SIGN, GasRules, is_guarded
 from gasless.chain.network import NetworkParams
 from gasless.core.errors import ApiError
-from gasless.http.formats import INT64_MAX
-from gasless.http.json_body import parse_json
+from gasless.http.json_text import parse_json
 
 MAX_BODY_BYTES = 131_072
 SUPPORTED_VERSION = 2
