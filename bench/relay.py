@@ -252,10 +252,13 @@ async def post_all(
                     delay = start + due[index] - time.monotonic()
                     if delay > 0:
                         await asyncio.sleep(delay)
-                sent_at_ms = int(time.time() * 1000)
+                sent_at_ms, sent = int(time.time() * 1000), time.monotonic()
                 async with session.post(f"{api}{path}", json=body) as resp:
                     answer = await resp.json()
-                    results.append({"status": resp.status, "sentAtMs": sent_at_ms, **answer})
+                    answered_ms = (time.monotonic() - sent) * 1000
+                    results.append(
+                        {"status": resp.status, "sentAtMs": sent_at_ms, "answeredMs": answered_ms, **answer}
+                    )
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return time.monotonic() - start, results
@@ -722,6 +725,9 @@ async def chain_floor_rounds(
         direct.append((gateway, tx.to_dictionary()))
     _, sent = await post_all(session, direct, concurrency, rate, path="/transaction/send", arrivals=arrivals)
     pending = {r["data"]["txHash"]: r["sentAtMs"] for r in sent if r["status"] == 200}
+    # How long the gateway took to answer each send, as this process saw it: a floor under the relay's
+    # `addedMs`, which holds one such send (and this process's own waits, which `addedMs` does not).
+    answered = [r["answeredMs"] for r in sent if r["status"] == 200]
     rounds: list[int] = []
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
@@ -739,6 +745,9 @@ async def chain_floor_rounds(
         "included": len(rounds),
         "rounds_p99": percentile(rounds, 99),
         "rounds_histogram": by_rounds(rounds),
+        "send_p50": percentile(answered, 50),
+        "send_p95": percentile(answered, 95),
+        "send_p99": percentile(answered, 99),
     }
 
 
@@ -1065,7 +1074,9 @@ async def run(
     )
     console.print(
         f"the chain's own floor (the same transactions co-signed here and sent straight to the gateway at the "
-        f"same rate): roundsToInclusion p99 {chain_floor['rounds_p99']}; by rounds {chain_floor['rounds_histogram']}"
+        f"same rate): roundsToInclusion p99 {chain_floor['rounds_p99']}; by rounds {chain_floor['rounds_histogram']}; "
+        f"the gateway's answer to a send p50/p95/p99 {chain_floor['send_p50']:.1f} / {chain_floor['send_p95']:.1f} / "
+        f"{chain_floor['send_p99']:.1f} ms (what addedMs holds of the chain; seen from this process)"
     )
     console.print(
         f"idle API process: {idle_cpu_ms_per_s:.0f} ms of CPU per s (its polls and background jobs)"
