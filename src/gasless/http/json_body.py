@@ -6,8 +6,8 @@ transaction and could be read differently by anything else looking at the same b
 repeated in any object, at any depth, is `400 MALFORMED_REQUEST` with `details.field` naming it (`tx`,
 `tx.nonce`, `policy.limits.ruPerSecond`, ...), and so are the non-JSON constants `NaN` and `Infinity`.
 
-`parse_json` serves the routes that read their body themselves (relay, validate); `JsonBodyRoute` makes
-FastAPI's own body decoding (every route with a pydantic body) use it. Every router is created with
+`parse_json` (`gasless.http.json_text`) serves the routes that read their body themselves (relay,
+validate); `JsonBodyRoute` makes FastAPI's own body decoding (every route with a pydantic body) use it. Every router is created with
 `route_class=JsonBodyRoute` (`api_router`), and so is the app's own router.
 """
 
@@ -21,8 +21,6 @@ from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 
 from gasless.http.json_text import parse_json
-
-__all__ = ["JsonBodyRoute", "api_router", "parse_json"]
 
 
 def _is_json(request: Request) -> bool:
