@@ -111,13 +111,32 @@ def test_platform_budget_binding_raises_an_incident_then_quiet_resolves_it(
     ]
 
 
+class SharedClock:
+    """The two hosts' clock, still until a test moves it: a quiet period passes when the test says so, not
+    when a busy machine happens to take longer than it between two steps."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms / 1000
+
+
 @pytest.fixture
 async def two_hosts(database_url: str) -> AsyncIterator[tuple[IncidentService, IncidentService]]:
-    """The incident services of two hosts, each with its own engine, on one migrated database."""
+    """The incident services of two hosts, each with its own engine, on one migrated database, sharing
+    one `SharedClock` (`service.clock`)."""
     await upgrade(database_url)
     engines = [create_engine(database_url), create_engine(database_url)]
+    clock = SharedClock()
     try:
-        yield IncidentService(IncidentRepository(engines[0])), IncidentService(IncidentRepository(engines[1]))
+        yield (
+            IncidentService(IncidentRepository(engines[0]), clock=clock),
+            IncidentService(IncidentRepository(engines[1]), clock=clock),
+        )
     finally:
         for engine in engines:
             await engine.dispose()
@@ -125,7 +144,7 @@ async def two_hosts(database_url: str) -> AsyncIterator[tuple[IncidentService, I
 
 async def test_two_hosts_raising_at_once_open_one_incident(two_hosts: Any) -> None:
     a, b = two_hosts
-    now = int(time.time() * 1000)
+    now = a.now_ms()
     results = await asyncio.gather(
         *(
             host.raise_automatic(PLATFORM_ADMISSION, occurrences=n, seen_at_ms=now)
@@ -146,7 +165,7 @@ async def test_two_hosts_raising_at_once_open_one_incident(two_hosts: Any) -> No
 
     # Not quiet yet: nothing to resolve. Quiet: both hosts try many times at once, exactly one wins.
     assert await a.resolve_if_quiet(PLATFORM_ADMISSION, quiet_ms=60_000) is None
-    await asyncio.sleep(0.3)
+    a.clock.advance(300)
     won = await asyncio.gather(
         *(host.resolve_if_quiet(PLATFORM_ADMISSION, quiet_ms=200) for _ in range(5) for host in (a, b))
     )
@@ -167,9 +186,9 @@ async def test_a_touch_racing_the_resolution_is_never_lost(two_hosts: Any) -> No
     """A host counting refusals while another resolves: either the touch lands first (and the incident is
     not quiet any more) or the resolution does (and the touch opens a new incident)."""
     a, b = two_hosts
-    old = int(time.time() * 1000) - 10_000
+    old = a.now_ms() - 10_000
     first = await a.raise_automatic(PLATFORM_ADMISSION, occurrences=1, seen_at_ms=old)
-    now = int(time.time() * 1000)
+    now = a.now_ms()
     resolved, touched = await asyncio.gather(
         a.resolve_if_quiet(PLATFORM_ADMISSION, quiet_ms=5_000),
         b.raise_automatic(PLATFORM_ADMISSION, occurrences=3, seen_at_ms=now),
@@ -239,7 +258,7 @@ async def test_watchers_of_two_hosts_raise_once_and_resolve_once(two_hosts: Any)
         await asyncio.gather(a.tick(), b.tick())
         assert (await a.service.repo.open_automatic("platform_admission")).occurrences == 6  # type: ignore[union-attr]
 
-        await asyncio.sleep(0.5)
+        a.service.clock.advance(500)  # past quiet_ms since the last refusal either host saw
         for _ in range(2):  # a host's ticks never overlap (one task per host)
             await asyncio.gather(a.tick(), b.tick())
         row = await a.service.repo.get(open_row.id)

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +58,7 @@ class IncidentWatch:
     def note(self) -> None:
         """One refusal by the platform admission budget (synchronous, no I/O)."""
         self._pending += 1
-        self._last_seen_ms = int(time.time() * 1000)
+        self._last_seen_ms = self.service.now_ms()  # the service's clock, which judges the quiet too
         if self.metrics is not None:
             self.metrics.platform_refusals.inc()
 
