@@ -5,7 +5,6 @@ replacement is billed."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from billing_paths_kit import ledger, period_usage, reservation_rows, wait_ledger
@@ -57,6 +56,6 @@ def test_replaced_intent_is_released_and_only_the_replacement_billed(env: Any) -
     (usage,) = period_usage(env)
     assert usage.ru_used == 1  # the dead intent's 4 RU given back
     assert [r.tx_hash for r in ledger(env) if r.billed] == [replacement["txHash"]]
-    # Released and settled once: a later tracker round changes nothing.
-    time.sleep(0.5)
+    # Released and settled once: later tracker rounds change nothing.
+    env.localnet.wait_rounds(5)
     assert period_usage(env)[0].ru_used == 1

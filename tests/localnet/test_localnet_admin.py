@@ -163,7 +163,7 @@ def test_stalled_shard_holds_transactions_and_clock_offset(localnet) -> None:  #
     sender, relayer = users(localnet)[0], relayers(localnet)[0]
     tx = signed(sender, relayer, 0)
     provider.send_transaction(tx)
-    time.sleep(0.4)
+    localnet.wait_rounds(4)
     assert provider.get_network_status(0).block_nonce == stalled_at
     assert provider.get_network_status(1).block_nonce > stalled_at
     assert provider.get_transaction_status(computer.compute_transaction_hash(tx)).status == "pending"

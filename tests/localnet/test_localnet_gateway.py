@@ -64,7 +64,7 @@ def test_sdk_reads_network_config_and_status(localnet) -> None:  # type: ignore[
     assert config.num_shards == 3
     assert config.round_duration == 100
     assert config.raw["erd_extra_gas_limit_relayed_tx"] == 50_000
-    time.sleep(0.35)
+    localnet.wait_rounds(3)
     status = provider.get_network_status(METACHAIN)
     assert status.block_nonce >= 2
     assert status.highest_final_block_nonce == status.block_nonce - 1
@@ -202,7 +202,7 @@ def test_nonce_gap_waits_in_the_pool_and_is_reported(localnet) -> None:  # type:
     assert gaps["nonceGaps"]["gaps"] == [{"from": 0, "to": 2}]
     last = provider.do_get_generic(f"transaction/pool?by-sender={bech32}&last-nonce=true").to_dictionary()
     assert last["nonce"] == 3
-    time.sleep(0.4)
+    localnet.wait_rounds(4)  # blocks went by without it
     assert provider.get_transaction_status(computer.compute_transaction_hash(gapped)).status == "pending"
     for nonce in range(3):
         provider.send_transaction(relayed_tx(sender, relayer, sender.address, nonce))

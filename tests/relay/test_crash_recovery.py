@@ -124,7 +124,7 @@ def test_sigkill_after_commit_point_loses_nothing(tmp_path: Path, unpaused_local
             proc.kill()
             proc.wait(10)
     tx_hash = body["txHash"]
-    time.sleep(0.5)
+    localnet.wait_rounds(3)
     assert localnet.call(lambda: tx_hash not in localnet.net.chain.records)  # nothing reached the chain
     faults(localnet, {"gateway": {"latencyMs": {"/transaction/send": 0}}})
 

@@ -9,6 +9,26 @@ from typing import Any
 from gasless.mirror.views import _Cached
 
 
+class Clock:
+    """The cache's clock, moved by the test: expiry and grace happen when the test says, whatever the
+    machine's speed."""
+
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, ms: int) -> None:
+        self.now += ms / 1000
+
+
+async def settled(cache: _Cached) -> None:
+    """Until the background loads the cache started are over."""
+    while cache._refreshing:
+        await asyncio.sleep(0)
+
+
 class Loader:
     def __init__(self) -> None:
         self.calls = 0
@@ -24,10 +44,11 @@ class Loader:
 
 def test_found_value_is_served_stale_while_one_background_load_replaces_it() -> None:
     async def run() -> None:
-        cache, load = _Cached(ttl_ms=50), Loader()
+        clock = Clock()
+        cache, load = _Cached(ttl_ms=50, clock=clock), Loader()
         ahead = lambda value: value is not None  # noqa: E731
         assert await cache.get("k", load, refresh_ahead=ahead) == "v1"
-        await asyncio.sleep(0.07)  # expired, inside the grace
+        clock.advance(70)  # expired, inside the grace
         load.value, load.gate = "v2", asyncio.Event()
         # Answered at once with the stale value, however many callers: one background load.
         results = await asyncio.wait_for(
@@ -35,7 +56,7 @@ def test_found_value_is_served_stale_while_one_background_load_replaces_it() -> 
         )
         assert results == ["v1"] * 5 and load.calls == 2
         load.gate.set()
-        await asyncio.sleep(0.01)
+        await settled(cache)
         assert await cache.get("k", load, refresh_ahead=ahead) == "v2" and load.calls == 2
 
     asyncio.run(run())
@@ -43,7 +64,8 @@ def test_found_value_is_served_stale_while_one_background_load_replaces_it() -> 
 
 def test_forgotten_or_unrefreshable_values_load_in_line() -> None:
     async def run() -> None:
-        cache, load = _Cached(ttl_ms=50), Loader()
+        clock = Clock()
+        cache, load = _Cached(ttl_ms=50, clock=clock), Loader()
         ahead = lambda value: value is not None  # noqa: E731
         assert await cache.get(("account", "erd1a"), load, refresh_ahead=ahead) == "v1"
         cache.forget("erd1a")  # a final event named it: the next read waits for the fresh view
@@ -52,11 +74,11 @@ def test_forgotten_or_unrefreshable_values_load_in_line() -> None:
         load.value = None  # "no account" is never served stale
         cache.forget(None)
         assert await cache.get("n", load, refresh_ahead=ahead) is None
-        await asyncio.sleep(0.07)
+        clock.advance(70)
         load.value = "bought"
         assert await cache.get("n", load, refresh_ahead=ahead) == "bought"
         # Past the grace (two more TTLs), a found value is loaded in line too.
-        await asyncio.sleep(0.2)
+        clock.advance(200)
         load.value = "later"
         assert await cache.get("n", load, refresh_ahead=ahead) == "later"
 

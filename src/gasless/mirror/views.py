@@ -28,8 +28,9 @@ class _Cached:
     mirror forgets an entry as soon as a final event names it, and a forgotten entry is loaded in line.
     """
 
-    def __init__(self, ttl_ms: int) -> None:
+    def __init__(self, ttl_ms: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_ms = ttl_ms
+        self.clock = clock  # seconds, monotonic
         # key -> (expires at, value, served stale until or 0)
         self._values: dict[Any, tuple[float, Any, float]] = {}
         self._loading: dict[Any, asyncio.Future[Any]] = {}
@@ -42,7 +43,7 @@ class _Cached:
         ttl_ms: int | Callable[[Any], int] | None = None,
         refresh_ahead: Callable[[Any], bool] | None = None,
     ) -> Any:
-        now = time.monotonic() * 1000
+        now = self.clock() * 1000
         hit = self._values.get(key)
         if hit is not None and hit[0] > now:
             return hit[1]
@@ -97,7 +98,7 @@ class _Cached:
         finally:
             self._loading.pop(key, None)
         future.set_result(value)
-        now = time.monotonic() * 1000
+        now = self.clock() * 1000
         ttl = ttl_ms(value) if callable(ttl_ms) else (ttl_ms if ttl_ms is not None else self.ttl_ms)
         grace = now + 2 * ttl if refresh_ahead is not None and refresh_ahead(value) else 0.0
         self._values[key] = (now + ttl, value, grace)
