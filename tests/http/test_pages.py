@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from manual_clock import ManualClock
 
 from gasless.core.crypto import PurposeKeys, b64url, b64url_decode
 from gasless.core.errors import ApiError
@@ -56,27 +57,19 @@ def test_out_of_range_parameters_are_malformed(
     assert answer.json()["code"] == "MALFORMED_REQUEST" and answer.json()["details"]["field"] == field
 
 
-class Clock:
-    def __init__(self, now_s: float) -> None:
-        self.now_s = now_s
-
-    def __call__(self) -> float:
-        return self.now_s
-
-
 def test_cursor_round_trip_and_expiry_on_the_minute() -> None:
-    clock = Clock(1_800_000_000.5)
+    clock = ManualClock(1_800_000_000.5)
     codec = CursorCodec(KEYS, clock=clock)
     cursor = codec.mint("listThings", {"account": "erd1a", "kind": ["x"]}, {"after": "k", "index": 3})
     assert codec.open(cursor, "listThings", {"kind": ["x"], "account": "erd1a"}) == {"after": "k", "index": 3}
     # Minted again within the same minute: the same bytes.
-    clock.now_s += 20
+    clock.now += 20
     assert codec.mint("listThings", {"account": "erd1a", "kind": ["x"]}, {"after": "k", "index": 3}) == cursor
     # Valid until the next whole minute after minting, plus the TTL; stale from then on.
     expiry_s = (1_800_000_000_500 // 60_000 + 1) * 60 + CURSOR_TTL_MS / 1000
-    clock.now_s = expiry_s - 0.001
+    clock.now = expiry_s - 0.001
     assert codec.open(cursor, "listThings", {"account": "erd1a", "kind": ["x"]})["index"] == 3
-    clock.now_s = expiry_s
+    clock.now = expiry_s
     with pytest.raises(ApiError) as stale:
         codec.open(cursor, "listThings", {"account": "erd1a", "kind": ["x"]})
     assert stale.value.code == "CURSOR_INVALID" and "expired" in stale.value.detail

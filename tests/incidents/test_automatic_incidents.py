@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from manual_clock import ManualClock
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
@@ -111,27 +112,13 @@ def test_platform_budget_binding_raises_an_incident_then_quiet_resolves_it(
     ]
 
 
-class SharedClock:
-    """The two hosts' clock, still until a test moves it: a quiet period passes when the test says so, not
-    when a busy machine happens to take longer than it between two steps."""
-
-    def __init__(self) -> None:
-        self.now = time.time()
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms / 1000
-
-
 @pytest.fixture
 async def two_hosts(database_url: str) -> AsyncIterator[tuple[IncidentService, IncidentService]]:
     """The incident services of two hosts, each with its own engine, on one migrated database, sharing
-    one `SharedClock` (`service.clock`)."""
+    one `ManualClock` (`service.clock`): a quiet period passes when the test says so."""
     await upgrade(database_url)
     engines = [create_engine(database_url), create_engine(database_url)]
-    clock = SharedClock()
+    clock = ManualClock(time.time())
     try:
         yield (
             IncidentService(IncidentRepository(engines[0]), clock=clock),

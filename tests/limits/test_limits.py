@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from manual_clock import ManualClock
 from redis.asyncio import Redis
 from starlette.requests import Request
 
@@ -27,17 +28,9 @@ from gasless.limits.redis_backend import RedisConcurrencyLimiter, RedisRateLimit
 from gasless.limits.route_classes import client_key
 
 
-class Clock:
-    def __init__(self, start: float = 1_000.0) -> None:
-        self.now = start
-
-    def __call__(self) -> float:
-        return self.now
-
-
 # Token buckets ------------------------------------------------------------------------------------------
 def test_bucket_spends_its_burst_then_refuses_with_the_wait_for_one_token() -> None:
-    clock = Clock()
+    clock = ManualClock()
     buckets = TokenBuckets(2, 10, clock=clock)
     decisions = [buckets.take("k") for _ in range(11)]
     assert [d.allowed for d in decisions] == [True] * 10 + [False]
@@ -54,7 +47,7 @@ def test_bucket_spends_its_burst_then_refuses_with_the_wait_for_one_token() -> N
 
 
 def test_bucket_refills_to_burst_and_no_further() -> None:
-    clock = Clock()
+    clock = ManualClock()
     buckets = TokenBuckets(5, 3, clock=clock)
     for _ in range(3):
         buckets.take("k")
@@ -63,7 +56,7 @@ def test_bucket_refills_to_burst_and_no_further() -> None:
 
 
 def test_a_clock_stepping_back_mints_no_tokens() -> None:
-    clock = Clock()
+    clock = ManualClock()
     buckets = TokenBuckets(1, 1, clock=clock)
     assert buckets.take("k").allowed
     clock.now -= 100
@@ -104,7 +97,7 @@ def _assert_never_above_burst_plus_rate(
 def test_property_a_bucket_never_allows_more_than_burst_plus_rate_times_t(
     rate: float, burst: int, steps: list[tuple[float, float]]
 ) -> None:
-    clock = Clock()
+    clock = ManualClock()
     buckets = TokenBuckets(rate, burst, clock=clock)
     times: list[float] = []
     granted: list[float] = []
@@ -129,7 +122,7 @@ def test_property_a_refused_request_passes_after_the_wait_it_is_told(
 ) -> None:
     """Whatever the traffic before, a refused request of any cost (above the burst included) passes once
     its stated wait has passed with no other traffic: retryable means it can pass."""
-    clock = Clock()
+    clock = ManualClock()
     buckets = TokenBuckets(rate, burst, clock=clock)
     for gap, other in steps:
         clock.now += gap
@@ -142,7 +135,7 @@ def test_property_a_refused_request_passes_after_the_wait_it_is_told(
 
 
 def test_a_request_above_the_burst_passes_only_on_a_full_bucket_and_leaves_it_in_debt() -> None:
-    clock = Clock()
+    clock = ManualClock()
     buckets = TokenBuckets(1, 5, clock=clock)
     assert buckets.take("k", 4).allowed  # 1 left
     refused = buckets.take("k", 15)
@@ -164,12 +157,12 @@ def test_a_request_above_the_burst_passes_only_on_a_full_bucket_and_leaves_it_in
 def test_property_a_full_bucket_allows_exactly_its_burst_at_one_instant(
     rate: float, burst: int, n: int
 ) -> None:
-    buckets = TokenBuckets(rate, burst, clock=Clock())
+    buckets = TokenBuckets(rate, burst, clock=ManualClock())
     assert sum(buckets.take("k").allowed for _ in range(n)) == min(n, burst)
 
 
 async def test_local_limiter_keeps_buckets_apart_by_name_rate_and_key() -> None:
-    clock = Clock()
+    clock = ManualClock()
     limiter = LocalRateLimiter(clock=clock)
     one = Rate(1, 1)
     assert (await limiter.take("a", "k", one)).allowed
@@ -180,7 +173,7 @@ async def test_local_limiter_keeps_buckets_apart_by_name_rate_and_key() -> None:
 
 async def test_route_limiter_refusal_is_rate_limited_with_scope_and_headers() -> None:
     table = RouteLimitTable(public_read_ip=Rate(0.5, 2))
-    limits = RouteLimiter(table, LocalRateLimiter(clock=Clock()), LocalConcurrencyLimiter())
+    limits = RouteLimiter(table, LocalRateLimiter(clock=ManualClock()), LocalConcurrencyLimiter())
     first = await limits.check("public_read_ip", "1.2.3.4", "ip")
     assert first.headers() == {"RateLimit-Limit": "2", "RateLimit-Remaining": "1", "RateLimit-Reset": "2"}
     await limits.check("public_read_ip", "1.2.3.4", "ip")
@@ -198,7 +191,7 @@ async def test_route_limiter_refusal_is_rate_limited_with_scope_and_headers() ->
 
 
 async def test_per_class_rules_use_the_callers_class_and_others_ignore_it() -> None:
-    limits = RouteLimiter(RouteLimitTable(), LocalRateLimiter(clock=Clock()), LocalConcurrencyLimiter())
+    limits = RouteLimiter(RouteLimitTable(), LocalRateLimiter(clock=ManualClock()), LocalConcurrencyLimiter())
     assert (await limits.check("private_read_class", "acct", "account", rate_class=1)).limit == 20
     assert (await limits.check("private_read_class", "acct", "account", rate_class=5)).limit == 320
     assert (await limits.check("account_write", "acct", "account", rate_class=3)).limit == 5
@@ -281,7 +274,7 @@ async def _drop(redis: Redis, prefix: str) -> None:
 @pytest.mark.redis
 async def test_redis_bucket_is_shared_by_two_limiters_and_keys_are_namespaced(redis: Redis) -> None:
     space = namespace()
-    clock = Clock()
+    clock = ManualClock()
     host_a, host_b = RedisRateLimiter(redis, space, clock=clock), RedisRateLimiter(redis, space, clock=clock)
     rate = Rate(2, 3)
     try:
@@ -306,7 +299,7 @@ async def test_redis_bucket_is_shared_by_two_limiters_and_keys_are_namespaced(re
 @pytest.mark.redis
 async def test_redis_bucket_admits_above_its_burst_when_full_as_in_process(redis: Redis) -> None:
     space = namespace()
-    clock = Clock()
+    clock = ManualClock()
     shared, local = RedisRateLimiter(redis, space, clock=clock), LocalRateLimiter(clock=clock)
     rate = Rate(1, 5)
     try:
@@ -343,7 +336,7 @@ def test_property_redis_bucket_never_allows_more_than_burst_plus_rate_times_t(
     async def run() -> None:
         client = Redis.from_url(redis_url)
         space = namespace()
-        clock = Clock()
+        clock = ManualClock()
         limiter = RedisRateLimiter(client, space, clock=clock)
         times: list[float] = []
         granted: list[float] = []
@@ -364,7 +357,7 @@ def test_property_redis_bucket_never_allows_more_than_burst_plus_rate_times_t(
 @pytest.mark.redis
 async def test_redis_slots_are_shared_and_lapse_when_their_host_dies(redis: Redis) -> None:
     space = namespace()
-    clock = Clock()
+    clock = ManualClock()
     host_a = RedisConcurrencyLimiter(redis, space, lease_ms=30_000, clock=clock)
     host_b = RedisConcurrencyLimiter(redis, space, lease_ms=30_000, clock=clock)
     try:

@@ -6,21 +6,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from manual_clock import ManualClock
+
 from gasless.mirror.views import _Cached
-
-
-class Clock:
-    """The cache's clock, moved by the test: expiry and grace happen when the test says, whatever the
-    machine's speed."""
-
-    def __init__(self) -> None:
-        self.now = 1_000.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, ms: int) -> None:
-        self.now += ms / 1000
 
 
 async def settled(cache: _Cached) -> None:
@@ -44,7 +32,7 @@ class Loader:
 
 def test_found_value_is_served_stale_while_one_background_load_replaces_it() -> None:
     async def run() -> None:
-        clock = Clock()
+        clock = ManualClock()
         cache, load = _Cached(ttl_ms=50, clock=clock), Loader()
         ahead = lambda value: value is not None  # noqa: E731
         assert await cache.get("k", load, refresh_ahead=ahead) == "v1"
@@ -64,7 +52,7 @@ def test_found_value_is_served_stale_while_one_background_load_replaces_it() -> 
 
 def test_forgotten_or_unrefreshable_values_load_in_line() -> None:
     async def run() -> None:
-        clock = Clock()
+        clock = ManualClock()
         cache, load = _Cached(ttl_ms=50, clock=clock), Loader()
         ahead = lambda value: value is not None  # noqa: E731
         assert await cache.get(("account", "erd1a"), load, refresh_ahead=ahead) == "v1"

@@ -7,8 +7,8 @@ repeated in any object, at any depth, is `400 MALFORMED_REQUEST` with `details.f
 `tx.nonce`, `policy.limits.ruPerSecond`, ...), and so are the non-JSON constants `NaN` and `Infinity`.
 
 `parse_json` (`gasless.http.json_text`) serves the routes that read their body themselves (relay,
-validate); `JsonBodyRoute` makes FastAPI's own body decoding (every route with a pydantic body) use it. Every router is created with
-`route_class=JsonBodyRoute` (`api_router`), and so is the app's own router.
+validate); `JsonBodyRoute` makes FastAPI's own body decoding (every route with a pydantic body) use it.
+Every router is created with `route_class=JsonBodyRoute` (`api_router`), and so is the app's own router.
 """
 
 from __future__ import annotations
